@@ -1,0 +1,93 @@
+"""The ``rollwire`` command line: engine, gateway, run, export, demo, doctor, plugins."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rollwire import __version__
+
+app = typer.Typer(
+    name="rollwire",
+    help="Online RL for production LLM agents: capture every model call, train with verl/slime/rLLM.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        Console().print(f"rollwire {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """rollwire: online RL for production LLM agents."""
+
+
+@app.command()
+def plugins() -> None:
+    """List trainer and agent adapters, and whether their frameworks are installed."""
+    from rollwire.plugins import PluginError, discover
+
+    console = Console()
+    try:
+        found = discover()
+    except PluginError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    table = Table(title="rollwire plugins")
+    for col in ("name", "kind", "distribution", "version", "status"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    for info in found:
+        status = "[green]ok[/green]" if info.status == "ok" else f"[yellow]{info.status}[/yellow]"
+        table.add_row(
+            info.name, info.kind[:-1], info.distribution, info.version, status, escape(info.detail)
+        )
+    console.print(table)
+
+
+# Sub-commands live next to the code they drive; each module exposes a typer app or a command.
+_SUBAPPS = {
+    "engine": "rollwire.engine.cli:engine_app",
+    "gateway": "rollwire.gateway.cli:gateway_app",
+}
+_COMMANDS = {
+    "run": "rollwire.commands:run",
+    "export": "rollwire.commands:export",
+    "demo": "rollwire.commands:demo",
+    "doctor": "rollwire.gateway.doctor:doctor_command",
+}
+
+
+def _resolve(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+for _name, _target in _SUBAPPS.items():
+    try:
+        app.add_typer(_resolve(_target), name=_name)
+    except (ImportError, AttributeError):  # pragma: no cover - during partial installs only
+        pass
+for _name, _target in _COMMANDS.items():
+    try:
+        app.command(_name)(_resolve(_target))
+    except (ImportError, AttributeError):  # pragma: no cover - during partial installs only
+        pass
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

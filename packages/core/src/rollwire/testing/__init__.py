@@ -1,0 +1,30 @@
+"""Conformance suites and sample data for rollwire's plugin interfaces and stores.
+
+Each implementation runs a suite by subclassing its base class and providing one fixture, e.g.::
+
+    class TestVerlAdapter(TrainerAdapterConformance):
+        @pytest.fixture
+        def adapter(self): return rollwire_verl.adapter
+
+Importing this package needs pytest.
+"""
+
+from rollwire.testing.samples import (
+    failed_rollout,
+    forked_rollout,
+    merged_rollout,
+    moe_rollout,
+    sample_batch,
+    single_turn_rollout,
+)
+from rollwire.testing.trainer import TrainerAdapterConformance
+
+__all__ = [
+    "TrainerAdapterConformance",
+    "failed_rollout",
+    "forked_rollout",
+    "merged_rollout",
+    "moe_rollout",
+    "sample_batch",
+    "single_turn_rollout",
+]

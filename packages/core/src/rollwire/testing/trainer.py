@@ -1,0 +1,98 @@
+"""Conformance suite every trainer adapter runs (subclass it and provide the ``adapter`` fixture)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from rollwire.adapters import ExportedRow, TrainerAdapter
+from rollwire.protocol import Group
+from rollwire.testing.samples import sample_batch
+from rollwire.trajectory import build_rows
+
+__all__ = ["TrainerAdapterConformance"]
+
+
+class TrainerAdapterConformance:
+    """What any trainer adapter must do with rollwire rollouts, checked on :func:`sample_batch`."""
+
+    #: keyword options passed to ``convert`` / ``export`` (e.g. verl's ``pad_token_id``).
+    convert_options: ClassVar[dict[str, Any]] = {}
+
+    @pytest.fixture
+    def adapter(self) -> TrainerAdapter:
+        raise NotImplementedError("subclasses provide the adapter under test")
+
+    @pytest.fixture
+    def batch(self) -> list[Group]:
+        return sample_batch()
+
+    def _flat(self, adapter: TrainerAdapter, batch: Any) -> list[ExportedRow]:
+        return adapter.flatten(adapter.convert(batch, **self.convert_options))
+
+    def test_declares_interface(self, adapter: TrainerAdapter) -> None:
+        assert isinstance(adapter, TrainerAdapter)
+        assert adapter.name and isinstance(adapter.name, str)
+        assert all(isinstance(r, str) for r in adapter.requires)
+
+    def test_rows_match_trajectory_builder(
+        self, adapter: TrainerAdapter, batch: list[Group]
+    ) -> None:
+        flat = self._flat(adapter, batch)
+        by_rollout: dict[str, list[ExportedRow]] = {}
+        for row in flat:
+            by_rollout.setdefault(row.rollout_id, []).append(row)
+        for expected in build_rows(batch):
+            if expected.status != "completed":
+                continue
+            got_rows = by_rollout.get(expected.rollout_id)
+            assert got_rows, f"rollout {expected.rollout_id} missing from the export"
+            got = got_rows[expected.row_index]
+            np.testing.assert_array_equal(got.prompt_ids, expected.prompt_ids)
+            np.testing.assert_array_equal(got.response_ids, expected.response_ids)
+            np.testing.assert_array_equal(got.loss_mask, expected.loss_mask)
+            np.testing.assert_allclose(
+                np.where(expected.loss_mask == 1, got.logprobs, 0.0),
+                expected.logprobs,
+                atol=1e-6,
+            )
+            assert got.reward == pytest.approx(expected.reward)
+
+    def test_flat_rollouts_equal_groups(self, adapter: TrainerAdapter, batch: list[Group]) -> None:
+        flat_rollouts = [r for g in batch for r in g.rollouts]
+        a = self._flat(adapter, batch)
+        b = self._flat(adapter, flat_rollouts)
+        assert [(r.rollout_id, r.group_id) for r in a] == [(r.rollout_id, r.group_id) for r in b]
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x.response_ids, y.response_ids)
+
+    def test_group_ids_preserved(self, adapter: TrainerAdapter, batch: list[Group]) -> None:
+        expected = {r.rollout_id: g.group_id for g in batch for r in g.rollouts}
+        for row in self._flat(adapter, batch):
+            assert row.group_id == expected[row.rollout_id]
+
+    def test_forked_rollout_keeps_its_rows_together(
+        self, adapter: TrainerAdapter, batch: list[Group]
+    ) -> None:
+        rows = [r for r in self._flat(adapter, batch) if r.rollout_id == "a2"]
+        assert len(rows) == 2, "a forked rollout exports one row per branch"
+        assert rows[0].reward == rows[1].reward
+
+    def test_mask_and_logprob_lengths(self, adapter: TrainerAdapter, batch: list[Group]) -> None:
+        for row in self._flat(adapter, batch):
+            assert row.loss_mask.shape == row.response_ids.shape == row.logprobs.shape
+            assert set(np.unique(row.loss_mask)).issubset({0, 1})
+            assert np.all(row.logprobs[row.loss_mask == 0] == 0.0)
+
+    def test_empty_batch_is_a_clear_error(self, adapter: TrainerAdapter) -> None:
+        with pytest.raises(ValueError, match=r"empty|no rollouts|no rows"):
+            adapter.convert([], **self.convert_options)
+
+    def test_export_writes_file(
+        self, adapter: TrainerAdapter, batch: list[Group], tmp_path: Path
+    ) -> None:
+        out = adapter.export(batch, tmp_path / f"batch.{adapter.name}", **self.convert_options)
+        assert Path(out).exists() and Path(out).stat().st_size > 0

@@ -1,0 +1,280 @@
+"""TrajectoryBuilder: DESIGN §6 invariants (Hypothesis) and each fork class by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollwire.protocol import ModelCall, Rollout
+from rollwire.trajectory import TrajectoryBuilder, build_rows, classify_fork
+
+# --------------------------------------------------------------------------- property tests
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> Rollout:
+    """A session whose calls continue, fork from, or ignore the earlier ones."""
+    n_calls = draw(st.integers(1, 8))
+    tok = st.integers(0, 50)
+    calls: list[ModelCall] = []
+    histories: list[np.ndarray] = []
+    for i in range(n_calls):
+        how = draw(st.sampled_from(["continue", "fork", "fresh"])) if histories else "fresh"
+        extra = np.asarray(draw(st.lists(tok, min_size=0, max_size=6)), np.int32)
+        if how == "continue":
+            base = histories[draw(st.integers(0, len(histories) - 1))]
+            prompt = np.concatenate([base, extra])
+        elif how == "fork":
+            base = histories[-1].copy()
+            pos = draw(st.integers(0, base.shape[0] - 1))
+            base[pos] = 99  # never produced by `tok`
+            prompt = np.concatenate([base[: draw(st.integers(pos + 1, base.shape[0]))], extra])
+        else:
+            prompt = np.asarray(draw(st.lists(tok, min_size=1, max_size=8)), np.int32)
+        if prompt.shape[0] == 0:
+            prompt = np.asarray([1], np.int32)
+        completion = np.asarray(draw(st.lists(tok, min_size=0, max_size=6)), np.int32)
+        logprobs = -np.arange(1, completion.shape[0] + 1, dtype=np.float32) / (i + 2)
+        trainable = draw(st.booleans()) if draw(st.integers(0, 4)) == 0 else True
+        calls.append(
+            ModelCall(
+                call_id=f"c{i}",
+                session_id="s",
+                index=i,
+                prompt_ids=prompt,
+                completion_ids=completion,
+                logprobs=logprobs,
+                trainable=trainable,
+            )
+        )
+        histories.append(np.concatenate([prompt, completion]))
+    return Rollout(rollout_id="s", group_id="g", status="completed", reward=1.0, calls=calls)
+
+
+PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPS
+@given(sessions(), st.sampled_from(["merge", "per_call"]))
+def test_lengths_agree(rollout: Rollout, mode: str) -> None:
+    for row in TrajectoryBuilder(mode).build(rollout):  # type: ignore[arg-type]
+        n = len(row.input_ids) - row.prompt_len
+        assert len(row.loss_mask) == len(row.logprobs) == len(row.turn_ids) == n
+        assert np.all(row.logprobs[row.loss_mask == 0] == 0.0)
+
+
+@PROPS
+@given(sessions(), st.sampled_from(["merge", "per_call"]))
+def test_every_sampled_token_in_exactly_one_row(rollout: Rollout, mode: str) -> None:
+    rows = TrajectoryBuilder(mode).build(rollout)  # type: ignore[arg-type]
+    for call in rollout.calls:
+        trained = sum(int(((r.turn_ids == call.index) & (r.loss_mask == 1)).sum()) for r in rows)
+        expected = call.completion_ids.shape[0] if call.trainable else 0
+        assert trained == expected
+        present = sum(int((r.turn_ids == call.index).sum()) for r in rows)
+        assert present == call.completion_ids.shape[0]
+
+
+@PROPS
+@given(sessions())
+def test_masked_in_tokens_are_the_completions_in_order(rollout: Rollout) -> None:
+    rows = build_rows([rollout])
+    by_id = {c.call_id: c for c in rollout.calls}
+    for row in rows:
+        resp = row.response_ids
+        got = resp[row.loss_mask == 1]
+        want = [by_id[cid].completion_ids for cid in row.call_ids if by_id[cid].trainable]
+        np.testing.assert_array_equal(got, np.concatenate([np.zeros(0, np.int32), *want]))
+        got_lp = row.logprobs[row.loss_mask == 1]
+        want_lp = [by_id[cid].logprobs for cid in row.call_ids if by_id[cid].trainable]
+        np.testing.assert_array_equal(got_lp, np.concatenate([np.zeros(0, np.float32), *want_lp]))
+    # every call lands in exactly one row, in call order within it
+    seen = [cid for row in rows for cid in row.call_ids]
+    assert sorted(seen) == sorted(by_id)
+
+
+@PROPS
+@given(sessions())
+def test_rows_replay_the_prompts(rollout: Rollout) -> None:
+    """Each call's prompt+completion is a prefix of its row: the row is what the model saw."""
+    by_id = {c.call_id: c for c in rollout.calls}
+    for row in build_rows([rollout]):
+        for cid in row.call_ids:
+            full = by_id[cid].full_tokens()
+            np.testing.assert_array_equal(row.input_ids[: full.shape[0]], full)
+
+
+@PROPS
+@given(sessions())
+def test_merging_is_deterministic(rollout: Rollout) -> None:
+    a = [r.model_dump_json() for r in build_rows([rollout])]
+    b = [r.model_dump_json() for r in build_rows([rollout])]
+    assert a == b
+
+
+@PROPS
+@given(sessions())
+def test_per_call_gives_one_row_per_call(rollout: Rollout) -> None:
+    rows = TrajectoryBuilder("per_call").build(rollout)
+    assert len(rows) == len(rollout.calls)
+    assert all(r.fork is None for r in rows)
+
+
+# --------------------------------------------------------------------------- fork classes
+
+
+class CharTokenizer:
+    """One id per character; ids >= 1000 are special tokens with names."""
+
+    SPECIAL = {1000: "<|im_start|>", 1001: "<|im_end|>", 1002: "<think>", 1003: "</think>"}
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return list(self.SPECIAL)
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        i = 0
+        while i < len(text):
+            for sid, s in self.SPECIAL.items():
+                if text.startswith(s, i):
+                    out.append(sid)
+                    i += len(s)
+                    break
+            else:
+                out.append(ord(text[i]))
+                i += 1
+        return out
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.SPECIAL.get(t, chr(t)) for t in token_ids)
+
+
+TOK = CharTokenizer()
+
+
+def _rollout(turns: list[tuple[str, str]]) -> Rollout:
+    calls = []
+    for i, (prompt, completion) in enumerate(turns):
+        c = np.asarray(TOK.encode(completion), np.int32)
+        calls.append(
+            ModelCall(
+                call_id=f"c{i}",
+                session_id="s",
+                index=i,
+                prompt_ids=np.asarray(TOK.encode(prompt), np.int32),
+                completion_ids=c,
+                logprobs=np.full(c.shape[0], -0.5, np.float32),
+            )
+        )
+    return Rollout(rollout_id="s", status="completed", reward=1.0, calls=calls)
+
+
+def _fork_of(turns: list[tuple[str, str]], tokenizer: object = TOK) -> tuple[int, object]:
+    rows = TrajectoryBuilder(tokenizer=tokenizer).build(_rollout(turns))  # type: ignore[arg-type]
+    assert len(rows) == 2
+    return len(rows), rows[1].fork
+
+
+def test_continuation_is_one_row() -> None:
+    rows = build_rows(
+        [
+            _rollout(
+                [
+                    ("<|im_start|>u:hi", "hello<|im_end|>"),
+                    ("<|im_start|>u:hihello<|im_end|><|im_start|>u:more", "ok"),
+                ]
+            )
+        ]
+    )
+    assert len(rows) == 1
+    assert rows[0].fork is None
+    assert int(rows[0].loss_mask.sum()) == len(TOK.encode("hello<|im_end|>ok"))
+
+
+def test_fork_think_stripped() -> None:
+    first = "<|im_start|>u:q"
+    sampled = "<think>plan</think>answer<|im_end|>"
+    _, fork = _fork_of([(first, sampled), (first + "answer<|im_end|>" + "u:next", "x")])
+    assert fork.kind == "think_stripped"  # type: ignore[attr-defined]
+    assert fork.position == len(TOK.encode(first))  # type: ignore[attr-defined]
+    assert fork.tokens_lost == len(TOK.encode(sampled))  # type: ignore[attr-defined]
+
+
+def test_fork_retokenized() -> None:
+    first = "<|im_start|>u:q"
+    sampled = '{"a": 1}<|im_end|>'
+    _, fork = _fork_of([(first, sampled), (first + '{"a":1}<|im_end|>' + "u:next", "x")])
+    assert fork.kind == "retokenized"  # type: ignore[attr-defined]
+
+
+def test_fork_template() -> None:
+    first = "<|im_start|>u:q"
+    sampled = "answer<|im_end|>"
+    _, fork = _fork_of([(first, sampled), (first + "answer\n<|im_end|>" + "u:next", "x")])
+    assert fork.kind == "template"  # type: ignore[attr-defined]
+
+
+def test_fork_truncated() -> None:
+    first = "<|im_start|>sys<|im_end|><|im_start|>u:a long first question"
+    second = first + "a long answer<|im_end|><|im_start|>u:more"
+    third_prompt = "<|im_start|>sys<|im_end|><|im_start|>u:summary"
+    rows = TrajectoryBuilder(tokenizer=TOK).build(
+        _rollout(
+            [(first, "a long answer<|im_end|>"), (second, "ok<|im_end|>"), (third_prompt, "y")]
+        )
+    )
+    assert len(rows) == 2
+    assert rows[1].fork is not None and rows[1].fork.kind == "truncated"
+
+
+def test_fork_other_without_tokenizer() -> None:
+    first = "<|im_start|>u:q"
+    _, fork = _fork_of([(first, "<think>a</think>b"), (first + "b" + "u:n", "x")], tokenizer=None)
+    assert fork.kind == "other"  # type: ignore[attr-defined]
+
+
+def test_classify_fork_direct_other() -> None:
+    old = np.asarray(TOK.encode("abcdef"), np.int32)
+    new = np.asarray(TOK.encode("abcXYZuvw"), np.int32)
+    assert classify_fork(old, new, 3, TOK) == "other"
+
+
+def test_non_trainable_call_is_context() -> None:
+    r = _rollout([("p", "abc"), ("pabc" + "q", "de")])
+    r.calls[0].trainable = False
+    (row,) = build_rows([r])
+    assert row.loss_mask.tolist() == [0, 0, 0, 0, 1, 1]
+    assert row.logprobs[:4].tolist() == [0.0] * 4
+
+
+def test_failed_calls_are_skipped() -> None:
+    r = _rollout([("p", "abc"), ("pabc", "")])
+    r.calls[1].status = "failed"
+    rows = build_rows([r])
+    assert [row.call_ids for row in rows] == [["c0"]]
+
+
+def test_inconsistent_call_is_a_clear_error() -> None:
+    r = _rollout([("p", "abc")])
+    r.calls[0].logprobs = np.zeros(1, np.float32)
+    with pytest.raises(ValueError, match="1 logprobs for 3 completion tokens"):
+        build_rows([r])
+
+
+def test_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="unknown trajectory mode"):
+        TrajectoryBuilder("flat")  # type: ignore[arg-type]
+
+
+def test_routed_experts_of_last_call_cover_the_row() -> None:
+    from rollwire.testing.samples import moe_rollout
+
+    (row,) = build_rows([moe_rollout()])
+    assert row.routed_experts is not None
+    assert row.routed_experts.shape == (len(row.input_ids) - 1, 2, 2)
+    assert row.routed_experts.dtype == np.int16
