@@ -1,3 +1,66 @@
-"""rollwire: online RL for production LLM agents."""
+"""rollwire: online RL for production LLM agents.
+
+The public API is re-exported here lazily, so ``import rollwire`` stays light for agent
+containers (no NumPy, gateway or engine code until a name that needs them is used).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # agent side
+    "RolloutApp": "rollwire.app",
+    "RolloutContext": "rollwire.context",
+    "rollout_context": "rollwire.context",
+    "openai_client": "rollwire.context",
+    "async_openai_client": "rollwire.context",
+    # trainer side
+    "RolloutClient": "rollwire.client",
+    "GatewayClient": "rollwire.gateway_client",
+    "AsyncGatewayClient": "rollwire.gateway_client",
+    # data model
+    "ModelCall": "rollwire.protocol",
+    "Rollout": "rollwire.protocol",
+    "Group": "rollwire.protocol",
+    "Row": "rollwire.protocol",
+    "Fork": "rollwire.protocol",
+    "TrajectoryBuilder": "rollwire.trajectory",
+    "build_rows": "rollwire.trajectory",
+    "read_jsonl": "rollwire.dataset",
+    "write_jsonl": "rollwire.dataset",
+    "group_advantages": "rollwire.rewards",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+if TYPE_CHECKING:
+    from rollwire.app import RolloutApp
+    from rollwire.client import RolloutClient
+    from rollwire.context import (
+        RolloutContext,
+        async_openai_client,
+        openai_client,
+        rollout_context,
+    )
+    from rollwire.dataset import read_jsonl, write_jsonl
+    from rollwire.gateway_client import AsyncGatewayClient, GatewayClient
+    from rollwire.protocol import Fork, Group, ModelCall, Rollout, Row
+    from rollwire.rewards import group_advantages
+    from rollwire.trajectory import TrajectoryBuilder, build_rows
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollwire' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

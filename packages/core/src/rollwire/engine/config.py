@@ -1,0 +1,75 @@
+"""Configuration of the embedded engine: one explicit object, passed in (no globals)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .model import ModelConfig
+
+__all__ = ["EngineConfig", "FaultConfig", "ScriptFn"]
+
+#: ``fn(messages, tools) -> text | None``; ``None`` lets the model sample.
+ScriptFn = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None"], "str | None"]
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Seeded fault injection on the generation routes, for reliability tests.
+
+    Each rate is a probability per request; draws come from one ``random.Random(seed)`` in request
+    order, so a run with the same requests sees the same faults.
+    """
+
+    error_rate: float = 0.0
+    throttle_rate: float = 0.0
+    latency_ms: float = 0.0
+    truncate_stream_rate: float = 0.0
+    drop_token_ids_rate: float = 0.0
+    seed: int = 0
+    retry_after_s: int = 1
+
+    @property
+    def active(self) -> bool:
+        """Whether any fault can fire."""
+        return any(
+            (
+                self.error_rate,
+                self.throttle_rate,
+                self.latency_ms,
+                self.truncate_stream_rate,
+                self.drop_token_ids_rate,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the embedded engine needs: model, log-prob semantics, scripting and faults.
+
+    ``scripted`` is a path to a JSON/YAML script, a ``"module:function"`` string, a mapping in the
+    script format, or a Python callable ``fn(messages, tools) -> str | None``.
+    """
+
+    model_dir: str | Path | None = None
+    seed: int = 0
+    model: ModelConfig | None = None
+    model_name: str = "rollwire-tiny"
+    logprobs_mode: Literal["raw", "processed"] = "raw"
+    return_routed_experts: bool = False
+    scripted: str | Path | Mapping[str, Any] | ScriptFn | None = None
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    weight_version: str = "0"
+    #: Used when a request names no ``max_tokens``; vLLM would use the whole context, which for a
+    #: random model means thousands of tokens of noise per call.
+    default_max_tokens: int = 512
+    max_batch_size: int = 64
+    max_top_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        if self.logprobs_mode not in ("raw", "processed"):
+            raise ValueError(
+                f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}"
+            )
