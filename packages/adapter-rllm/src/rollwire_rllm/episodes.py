@@ -1,0 +1,403 @@
+"""rollwire rollouts as rLLM ``Episode``s (DESIGN §9). Pure functions: no I/O, no rLLM import.
+
+:func:`to_episode_dicts` gives the ``Episode.to_dict()`` form; :func:`to_episodes` builds rLLM's
+``Episode`` / ``Trajectory`` / ``Step`` / ``ModelOutput`` objects when rLLM is importable. One
+Episode per rollout (``id = f"{task_id}:{rollout_idx}"``), one Trajectory per Episode, one Step per
+captured call with exactly the captured ids — rLLM merges prefix-extending steps itself.
+:func:`episode_rows` merges an Episode's steps back into rollwire rows.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rollwire.protocol import Group, ModelCall, Rollout, Row, group_rollouts
+from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+
+__all__ = [
+    "decode_routing_matrix",
+    "episode_rows",
+    "routing_matrices",
+    "termination_reason",
+    "to_episode_dicts",
+    "to_episodes",
+]
+
+#: Key under ``info`` where rollwire keeps its ids and per-call capture facts.
+INFO_KEY = "rollwire"
+
+_INSTALL_HINT = (
+    "rLLM is not installed (it is not on PyPI): install it from source "
+    "(git clone https://github.com/rllm-org/rllm && pip install -e rllm) in the trainer's "
+    "environment, or use rollwire_rllm.to_episode_dicts() for the dict form"
+)
+
+
+def termination_reason(rollout: Rollout) -> str:
+    """rLLM ``TerminationReason`` value for a rollout's status and its last call's finish reason."""
+    if rollout.status == "failed":
+        return "error"
+    if rollout.status == "timeout":
+        return "timeout"
+    if rollout.status != "completed":
+        return "unknown"
+    usable = [c for c in rollout.calls if c.status == "ok"]
+    if usable and max(usable, key=lambda c: c.index).finish_reason == "length":
+        return "max_response_length_exceeded"
+    return "env_done"
+
+
+def _is_correct(rollout: Rollout, reward: float) -> bool:
+    for key in ("is_correct", "correct"):
+        if key in rollout.metrics:
+            return bool(rollout.metrics[key] > 0)
+    return reward > 0
+
+
+def routing_matrices(call: ModelCall) -> list[str] | None:
+    """Per completion token, the ``[layers, top_k]`` experts of the forward pass that sampled it.
+
+    Token j of the completion was produced by feeding position ``len(prompt) + j - 1``, so its
+    matrix is ``routed_experts[len(prompt) + j - 1]``. Each entry is a compact JSON string
+    ``[{"shape": [L, K], "dtype": "int16"}, "<base64 of the little-endian bytes>"]``.
+    """
+    experts = call.routed_experts
+    p, n = call.prompt_ids.shape[0], call.completion_ids.shape[0]
+    if experts is None or experts.ndim != 3 or experts.shape[0] != p + n - 1 or p == 0:
+        return None
+    block = np.ascontiguousarray(experts[p - 1 : p - 1 + n], dtype="<i2")
+    header = json.dumps({"shape": list(block.shape[1:]), "dtype": "int16"}, separators=(",", ":"))
+    return [f'[{header},"{base64.b64encode(m.tobytes()).decode("ascii")}"]' for m in block]
+
+
+def decode_routing_matrix(entry: str) -> np.ndarray:
+    """Inverse of one :func:`routing_matrices` entry: the ``[layers, top_k]`` int16 array."""
+    try:
+        header, b64 = json.loads(entry)
+        arr = np.frombuffer(
+            base64.b64decode(b64), dtype=np.dtype(header["dtype"]).newbyteorder("<")
+        )
+        return arr.reshape(header["shape"]).astype(np.int16)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"not a rollwire routing matrix entry: {entry[:80]!r}") from exc
+
+
+def _weight_version(version: str | None) -> int | str | None:
+    # rLLM types weight_version as int; rollwire's policy versions are strings ("7", "step-7")
+    if version is None:
+        return None
+    try:
+        return int(version)
+    except ValueError:
+        return version
+
+
+def _response_message(call: ModelCall, tokenizer: TokenizerLike | None) -> dict[str, Any]:
+    choices = call.response.get("choices") if isinstance(call.response, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict):
+            return dict(message)
+    content = (
+        tokenizer.decode(call.completion_ids.tolist(), skip_special_tokens=True)
+        if tokenizer is not None
+        else ""
+    )
+    return {"role": "assistant", "content": content}
+
+
+def _step_dict(
+    call: ModelCall,
+    *,
+    row_of_call: Mapping[str, Row],
+    last: bool,
+    reward: float,
+    tokenizer: TokenizerLike | None,
+) -> dict[str, Any]:
+    request_messages = call.request.get("messages")
+    messages = list(request_messages) if isinstance(request_messages, list) else []
+    response = _response_message(call, tokenizer)
+    content = response.get("content")
+    content = content if isinstance(content, str) else ""
+    reasoning = response.get("reasoning_content") or response.get("reasoning") or ""
+    tool_calls = response.get("tool_calls") or []
+    prompt_ids = call.prompt_ids.tolist()
+    completion_ids = call.completion_ids.tolist()
+    logprobs = call.logprobs.astype(np.float64).tolist()
+    matrices = routing_matrices(call)
+    version = _weight_version(call.policy_version)
+    row = row_of_call.get(call.call_id)
+    model_output = {
+        "text": content,
+        "content": content,
+        "reasoning": reasoning,
+        "tool_calls": tool_calls,
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "multi_modal_inputs": None,
+        "logprobs": logprobs,
+        "prompt_logprobs": None,
+        "routing_matrices": matrices,
+        "prompt_length": len(prompt_ids),
+        "completion_length": len(completion_ids),
+        "finish_reason": call.finish_reason,
+        "weight_version": version,
+        "metrics": {"latency_ms": call.latency_ms},
+    }
+    return {
+        "prompt_ids": prompt_ids,
+        "response_ids": completion_ids,
+        "logprobs": logprobs,
+        "routing_matrices": matrices,
+        "chat_completions": [*messages, response],
+        "observation": None,
+        "thought": reasoning,
+        "action": None,
+        "model_response": content,
+        "model_output": model_output,
+        "info": {
+            INFO_KEY: {
+                "call_id": call.call_id,
+                "call_index": call.index,
+                "trainable": call.trainable,
+                "off_policy": call.off_policy,
+                "flags": list(call.flags),
+                "capture": call.capture,
+                "backend": call.backend,
+                "retry_of": call.retry_of,
+                "row_index": row.row_index if row is not None else None,
+                "fork": (
+                    row.fork.model_dump(mode="json")
+                    if row is not None and row.fork is not None and row.call_ids[0] == call.call_id
+                    else None
+                ),
+            }
+        },
+        "reward": reward if last else 0.0,
+        "done": last,
+        "mc_return": 0.0,
+        "advantage": None,
+        "weight_version": version,
+    }
+
+
+def rollout_episode_dict(
+    rollout: Rollout,
+    *,
+    rollout_idx: int,
+    task_id: str | None = None,
+    group_id: str | None = None,
+    task: Any = None,
+    tokenizer: TokenizerLike | None = None,
+    trajectory_name: str = "agent",
+    failure_reward: float = 0.0,
+    mode: BuildMode = "merge",
+) -> dict[str, Any]:
+    """The Episode dict of one rollout: one Trajectory, one Step per usable captured call."""
+    calls = sorted((c for c in rollout.calls if c.status == "ok"), key=lambda c: c.index)
+    rows = TrajectoryBuilder(mode, tokenizer).build(rollout)
+    row_of_call = {cid: row for row in rows for cid in row.call_ids}
+    reward = float(rollout.reward) if rollout.reward is not None else float(failure_reward)
+    steps = [
+        _step_dict(
+            call,
+            row_of_call=row_of_call,
+            last=i == len(calls) - 1,
+            reward=reward,
+            tokenizer=tokenizer,
+        )
+        for i, call in enumerate(calls)
+    ]
+    group_id = group_id if group_id is not None else (rollout.group_id or rollout.rollout_id)
+    task_id = task_id or rollout.task_id or group_id
+    task = task if task is not None else rollout.task
+    info = {
+        INFO_KEY: {
+            "rollout_id": rollout.rollout_id,
+            "group_id": group_id,
+            "task_id": rollout.task_id,
+            "session_id": rollout.session_id,
+            "status": rollout.status,
+            "reward": rollout.reward,
+            "error": rollout.error,
+            "num_rows": len(rows),
+            "num_calls": len(rollout.calls),
+            "capture": rollout.capture,
+            "mode": mode,
+        }
+    }
+    return {
+        "id": f"{task_id}:{rollout_idx}",
+        "task": task,
+        "termination_reason": termination_reason(rollout),
+        "is_correct": _is_correct(rollout, reward),
+        "trajectories": [
+            {
+                "uid": rollout.rollout_id,
+                "name": trajectory_name,
+                "task": task,
+                "steps": steps,
+                "reward": reward,
+                "info": info,
+            }
+        ],
+        "metrics": dict(rollout.metrics),
+        "info": info,
+    }
+
+
+def to_episode_dicts(
+    batch: Iterable[Group | Rollout],
+    *,
+    tokenizer: TokenizerLike | None = None,
+    trajectory_name: str = "agent",
+    failure_reward: float = 0.0,
+    mode: BuildMode = "merge",
+) -> list[dict[str, Any]]:
+    """The batch as rLLM Episode dicts, group by group; ``rollout_idx`` is the position in the group."""
+    out: list[dict[str, Any]] = []
+    for group in group_rollouts(batch):
+        for idx, rollout in enumerate(group.rollouts):
+            out.append(
+                rollout_episode_dict(
+                    rollout,
+                    rollout_idx=idx,
+                    task_id=rollout.task_id or group.task_id or group.group_id,
+                    group_id=group.group_id,
+                    task=rollout.task if rollout.task is not None else group.task,
+                    tokenizer=tokenizer,
+                    trajectory_name=trajectory_name,
+                    failure_reward=failure_reward,
+                    mode=mode,
+                )
+            )
+    if not out:
+        raise ValueError("empty batch: no rollouts to convert to rLLM episodes")
+    return out
+
+
+def import_rllm() -> dict[str, Any]:
+    """rLLM's ``Episode``, ``Trajectory``, ``Step``, ``ModelOutput``, ``TerminationReason``."""
+    try:
+        from rllm.agents.agent import Episode, Step, Trajectory
+        from rllm.engine.rollout.rollout_engine import ModelOutput
+        from rllm.workflows.workflow import TerminationReason
+    except ImportError as exc:
+        raise ImportError(_INSTALL_HINT) from exc
+    return {
+        "Episode": Episode,
+        "Trajectory": Trajectory,
+        "Step": Step,
+        "ModelOutput": ModelOutput,
+        "TerminationReason": TerminationReason,
+    }
+
+
+def _field_names(cls: Any) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls) if f.init}
+    model_fields = getattr(cls, "model_fields", None)
+    if isinstance(model_fields, dict):
+        return set(model_fields)
+    return set()
+
+
+def _construct(cls: Any, data: Mapping[str, Any]) -> Any:
+    """``cls(**data)`` keeping the keys ``cls`` accepts (``info`` maps to ``metadata`` if needed)."""
+    names = _field_names(cls)
+    kwargs = dict(data)
+    if "info" in kwargs and "info" not in names and "metadata" in names:
+        kwargs["metadata"] = kwargs.pop("info")
+    return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def episode_from_dict(data: Mapping[str, Any], types: Mapping[str, Any] | None = None) -> Any:
+    """An rLLM ``Episode`` from its dict form (rLLM must be importable)."""
+    t = types or import_rllm()
+    trajectories = []
+    for traj in data["trajectories"]:
+        steps = []
+        for step in traj["steps"]:
+            s = dict(step)
+            if s.get("model_output") is not None:
+                mo = dict(s["model_output"])
+                mo["tool_calls"] = None  # rLLM wants ToolCall objects; the raw calls stay in chat
+                s["model_output"] = _construct(t["ModelOutput"], mo)
+            steps.append(_construct(t["Step"], s))
+        trajectories.append(_construct(t["Trajectory"], {**traj, "steps": steps}))
+    reason = data.get("termination_reason")
+    return _construct(
+        t["Episode"],
+        {
+            **data,
+            "trajectories": trajectories,
+            "termination_reason": t["TerminationReason"](reason) if reason is not None else None,
+        },
+    )
+
+
+def to_episodes(batch: Iterable[Group | Rollout], **options: Any) -> list[Any]:
+    """Like :func:`to_episode_dicts`, as rLLM ``Episode`` objects (needs rLLM installed)."""
+    types = import_rllm()
+    return [episode_from_dict(d, types) for d in to_episode_dicts(batch, **options)]
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def episode_rollout(episode: Any) -> Rollout:
+    """A rollwire Rollout rebuilt from an Episode (dict or object) made by this module."""
+    info = _get(episode, "info", None) or _get(episode, "metadata", None) or {}
+    meta = info.get(INFO_KEY) or {}
+    rollout_id = str(meta.get("rollout_id") or _get(episode, "id"))
+    trajectories = _get(episode, "trajectories", []) or []
+    calls: list[ModelCall] = []
+    reward: float | None = None
+    for traj in trajectories:
+        reward = _get(traj, "reward", reward)
+        for i, step in enumerate(_get(traj, "steps", []) or []):
+            sinfo = (_get(step, "info", None) or _get(step, "metadata", None) or {}).get(
+                INFO_KEY
+            ) or {}
+            calls.append(
+                ModelCall(
+                    call_id=str(sinfo.get("call_id") or f"{rollout_id}-s{len(calls)}"),
+                    session_id=rollout_id,
+                    index=int(sinfo.get("call_index", i)),
+                    prompt_ids=np.asarray(_get(step, "prompt_ids"), dtype=np.int32),
+                    completion_ids=np.asarray(_get(step, "response_ids"), dtype=np.int32),
+                    logprobs=np.asarray(_get(step, "logprobs"), dtype=np.float32),
+                    trainable=bool(sinfo.get("trainable", True)),
+                    off_policy=bool(sinfo.get("off_policy", False)),
+                )
+            )
+    status = meta.get("status", "completed")
+    return Rollout(
+        rollout_id=rollout_id,
+        group_id=meta.get("group_id"),
+        task_id=meta.get("task_id"),
+        status=status,
+        reward=reward if meta.get("reward", reward) is not None else None,
+        calls=calls,
+    )
+
+
+def episode_rows(episode: Any, mode: BuildMode | None = None) -> list[Row]:
+    """The rollwire rows of an Episode: its steps merged back with :class:`TrajectoryBuilder`."""
+    info = _get(episode, "info", None) or _get(episode, "metadata", None) or {}
+    mode = mode or (info.get(INFO_KEY) or {}).get("mode", "merge")
+    return TrajectoryBuilder(mode).build(episode_rollout(episode))
+
+
+def flatten_steps(episodes: Sequence[Any]) -> list[Row]:
+    """Rows of every Episode, in order."""
+    return [row for ep in episodes for row in episode_rows(ep)]

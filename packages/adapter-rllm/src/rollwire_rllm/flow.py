@@ -1,0 +1,214 @@
+"""``RollwireAgentFlow``: an rLLM AgentFlow whose model calls go through rollwire's gateway.
+
+rLLM's ``AgentFlow`` protocol is ``run(task, config) -> Episode`` (sync) with an optional async
+``arun``, which rLLM's ``run_agent_flow`` prefers inside an event loop. Both are here. The agent is
+any rollwire agent (a :class:`rollwire.app.RolloutApp` or handler, or agents behind a runner); the
+Episode is built from the calls rollwire captured, so its token ids are exactly the sampled ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rollwire.protocol import CaptureMode, Rollout
+from rollwire.trajectory import BuildMode, TokenizerLike
+from rollwire_rllm.episodes import episode_from_dict, import_rllm, rollout_episode_dict
+
+__all__ = ["RollwireAgentFlow", "rllm_task"]
+
+
+def rllm_task(task: Any) -> dict[str, Any]:
+    """The rollwire task (payload row) for an rLLM task: a dict as is, or a ``Task``'s fields."""
+    if isinstance(task, Mapping):
+        return dict(task)
+    instruction = getattr(task, "instruction", None)
+    if instruction is not None:
+        out = dict(getattr(task, "metadata", None) or {})
+        out["prompt"] = instruction
+        task_id = getattr(task, "id", None)
+        if task_id is not None:
+            out["task_id"] = str(task_id)
+        return out
+    data = getattr(task, "data", None)  # rLLM's eval Task(data, spec)
+    if isinstance(data, Mapping):
+        return dict(data)
+    return {"prompt": task}
+
+
+def _episode_id(task_id: str, config: Any) -> tuple[str, int]:
+    uid = getattr(config, "session_uid", None)
+    meta = getattr(config, "metadata", None) or {}
+    idx = meta.get("rollout_idx", 0) if isinstance(meta, Mapping) else 0
+    if isinstance(uid, str) and ":" in uid:
+        head, _, tail = uid.rpartition(":")
+        if tail.isdigit():
+            return head, int(tail)
+    return task_id, int(idx)
+
+
+class RollwireAgentFlow:
+    """Runs one rollwire rollout per ``run``/``arun`` and returns its rLLM ``Episode``.
+
+    ``agent``: a RolloutApp or handler (local runner), or None with ``runner="http:URL"`` etc.
+    ``gateway``: a running gateway object or URL (with ``admin_key``); when None, an in-process
+    gateway is started on first use over ``backends`` — or, when those are empty too, over the
+    ``base_url`` rLLM hands the flow in its ``AgentConfig`` (kind ``backend_kind``).
+    ``native``: return rLLM objects (default: when rLLM is importable) or the dict form.
+    """
+
+    def __init__(
+        self,
+        agent: Any = None,
+        *,
+        gateway: Any = None,
+        admin_key: str | None = None,
+        backends: Sequence[Any] = (),
+        backend_kind: str = "vllm",
+        runner: str = "local",
+        capture: CaptureMode = "passthrough",
+        sampling: Mapping[str, Any] | None = None,
+        deadline: float = 600.0,
+        failure_reward: float = 0.0,
+        trajectory_name: str = "agent",
+        mode: BuildMode = "merge",
+        tokenizer: TokenizerLike | None = None,
+        native: bool | None = None,
+        gateway_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if runner.partition(":")[0] == "local" and agent is None:
+            raise ValueError(
+                "RollwireAgentFlow with the local runner needs agent=<RolloutApp or handler>"
+            )
+        self.agent = agent
+        self.gateway = gateway
+        self.admin_key = admin_key
+        self.backends = list(backends)
+        self.backend_kind = backend_kind
+        self.runner = runner
+        self.capture: CaptureMode = capture
+        self.sampling = dict(sampling or {})
+        self.deadline = deadline
+        self.failure_reward = failure_reward
+        self.trajectory_name = trajectory_name
+        self.mode: BuildMode = mode
+        self.tokenizer = tokenizer
+        self.native = native
+        self.gateway_options = dict(gateway_options or {})
+        self._lock = threading.Lock()
+        self._embedded: Any = None
+        self._local_runner: Any = None
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _gateway(self, config: Any) -> Any:
+        if isinstance(self.gateway, str):
+            if not self.admin_key:
+                raise ValueError(f"the rollwire gateway at {self.gateway} needs admin_key=...")
+            return _Gateway(self.gateway, self.admin_key)
+        if self.gateway is not None:
+            return self.gateway
+        with self._lock:
+            if self._embedded is None:
+                backends = self.backends
+                base_url = getattr(config, "base_url", None)
+                if not backends and base_url:
+                    backends = [(str(base_url), self.backend_kind)]
+                if not backends:
+                    raise ValueError(
+                        "RollwireAgentFlow has no inference backend: pass gateway=..., "
+                        "backends=[(url, kind)], or an AgentConfig with a base_url"
+                    )
+                from rollwire.gateway import serve_in_thread
+
+                self._embedded = serve_in_thread(backends=backends, **self.gateway_options)
+            return self._embedded
+
+    def _runner(self) -> Any:
+        if self.runner.partition(":")[0] != "local":
+            return self.runner  # RolloutClient builds and closes it per run
+        # one shared local runner: closing it cancels every rollout of the agent app
+        with self._lock:
+            if self._local_runner is None:
+                from rollwire.runners import LocalRunner
+
+                self._local_runner = LocalRunner(self.agent, failure_reward=self.failure_reward)
+            return self._local_runner
+
+    async def _rollout(self, task: dict[str, Any], config: Any) -> Rollout:
+        from rollwire.client import RolloutClient
+
+        client = RolloutClient(
+            self._gateway(config),
+            runner=self._runner(),
+            group_size=1,
+            sampling=self.sampling,
+            capture=self.capture,
+            model=str(getattr(config, "model", None) or "policy"),
+            deadline=self.deadline,
+            failure_reward=self.failure_reward,
+        )
+        (group,) = await client.arun([task])
+        (rollout,) = group.rollouts
+        return rollout
+
+    def episode(self, rollout: Rollout, task: Any, config: Any = None) -> Any:
+        """The Episode (object or dict, per ``native``) for a finished rollout of ``task``."""
+        payload = rllm_task(task)
+        task_id, idx = _episode_id(str(payload.get("task_id") or rollout.task_id or "0"), config)
+        data = rollout_episode_dict(
+            rollout,
+            rollout_idx=idx,
+            task_id=task_id,
+            task=task if isinstance(task, Mapping) else payload,
+            tokenizer=self.tokenizer,
+            trajectory_name=self.trajectory_name,
+            failure_reward=self.failure_reward,
+            mode=self.mode,
+        )
+        native = self.native
+        if native is None:
+            try:
+                import_rllm()
+                native = True
+            except ImportError:
+                native = False
+        return episode_from_dict(data) if native else data
+
+    # -- the AgentFlow protocol -------------------------------------------------------------------
+
+    async def arun(self, task: Any, config: Any = None) -> Any:
+        """Run the agent on ``task`` through rollwire; the Episode of what the policy sampled."""
+        rollout = await self._rollout(rllm_task(task), config)
+        return self.episode(rollout, task, config)
+
+    def run(self, task: Any, config: Any = None) -> Any:
+        """Blocking :meth:`arun` (rLLM runs a sync flow in a worker thread, without a loop)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(task, config))
+        raise RuntimeError(
+            "RollwireAgentFlow.run() was called inside a running event loop; use `await flow.arun(...)`"
+        )
+
+    def close(self) -> None:
+        """Stop the in-process gateway, if this flow started one."""
+        with self._lock:
+            gw, self._embedded = self._embedded, None
+        if gw is not None:
+            gw.stop()
+
+    def __enter__(self) -> RollwireAgentFlow:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Gateway:
+    def __init__(self, url: str, admin_key: str) -> None:
+        self.url = url
+        self.admin_key = admin_key

@@ -1,0 +1,424 @@
+"""slime hooks, loaded by path: ``generate`` (one rollout per slime sample) and ``generate_rollout``
+(a whole rollout batch), both running rollwire agents through a rollwire gateway that is backed by
+slime's own SGLang router.
+
+The plumbing is thin on purpose: :class:`rollwire.client.RolloutClient` does sessions, payloads,
+runners, deadlines and retries; the Sample building is the pure :func:`rollout_to_sample_dicts`.
+Configuration comes from ``args.rollwire_*`` attributes, else ``ROLLWIRE_*`` environment
+variables (see :class:`HookConfig` and the package README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import importlib
+import json
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollwire.protocol import CaptureMode, Rollout
+from rollwire.trajectory import BuildMode
+from rollwire_slime.samples import METADATA_KEY, import_sample_class, rollout_sample_dicts
+
+__all__ = [
+    "HookConfig",
+    "generate",
+    "generate_rollout",
+    "rollout_to_sample_dicts",
+    "slime_sampling",
+    "slime_task",
+]
+
+#: slime sampling parameter -> rollwire session sampling key (OpenAI spelling).
+_SAMPLING_MAP = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "sampling_seed": "seed",
+}
+
+
+def _setting(args: Any, name: str, environ: Mapping[str, str], default: Any = None) -> Any:
+    value = getattr(args, f"rollwire_{name}", None)
+    if value is not None:
+        return value
+    return environ.get(f"ROLLWIRE_{name.upper()}", default)
+
+
+@dataclass
+class HookConfig:
+    """What the slime hooks need to know, from ``args.rollwire_<name>`` or ``$ROLLWIRE_<NAME>``.
+
+    ``agent``: the agent as ``module:attr`` (a RolloutApp or handler; required for the local and
+    ray runners) or the object itself. ``runner``: a runner spec (``local``, ``http:URL[,URL]``,
+    ``ray[:ADDRESS]``, ``agentcore:ARN``). ``gateway_url`` + ``admin_key``: use a running gateway;
+    unset, an in-process gateway is started once per process over slime's router
+    (``http://{sglang_router_ip}:{sglang_router_port}``, kind ``sglang``), with
+    ``gateway_options`` (JSON) passed to its config.
+    """
+
+    agent: Any = None
+    runner: str = "local"
+    gateway_url: Any = None
+    admin_key: str | None = None
+    capture: CaptureMode = "tokens"
+    mode: BuildMode = "merge"
+    deadline: float = 600.0
+    failure_reward: float = 0.0
+    concurrency: int = 256
+    compact: bool = True
+    gateway_options: dict[str, Any] = field(default_factory=dict)
+    router_url: str | None = None
+    tokenizer_path: str | None = None
+
+    @classmethod
+    def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> HookConfig:
+        """Resolve the settings; ``args.rollwire_*`` wins over ``$ROLLWIRE_*``."""
+        env = os.environ if environ is None else environ
+        options = _setting(args, "gateway_options", env, {})
+        if isinstance(options, str):
+            options = json.loads(options) if options.strip() else {}
+        compact = _setting(args, "compact", env, True)
+        if isinstance(compact, str):
+            compact = compact.strip().lower() not in ("0", "false", "no")
+        ip = getattr(args, "sglang_router_ip", None)
+        port = getattr(args, "sglang_router_port", None)
+        capture = str(_setting(args, "capture", env, "tokens"))
+        if capture not in ("tokens", "passthrough"):
+            raise ValueError(f"rollwire capture must be 'tokens' or 'passthrough', got {capture!r}")
+        mode = str(_setting(args, "mode", env, "merge"))
+        if mode not in ("merge", "per_call"):
+            raise ValueError(f"rollwire mode must be 'merge' or 'per_call', got {mode!r}")
+        return cls(
+            agent=_setting(args, "agent", env),
+            runner=str(_setting(args, "runner", env, "local")),
+            gateway_url=_setting(args, "gateway_url", env),
+            admin_key=_setting(args, "admin_key", env),
+            capture=capture,  # type: ignore[arg-type]
+            mode=mode,  # type: ignore[arg-type]
+            deadline=float(_setting(args, "deadline", env, 600.0)),
+            failure_reward=float(_setting(args, "failure_reward", env, 0.0)),
+            concurrency=int(_setting(args, "concurrency", env, 256)),
+            compact=bool(compact),
+            gateway_options=dict(options),
+            router_url=f"http://{ip}:{port}" if ip and port else None,
+            tokenizer_path=getattr(args, "hf_checkpoint", None),
+        )
+
+
+# -- pure parts --------------------------------------------------------------------------------
+
+
+def _get(sample: Any, name: str, default: Any = None) -> Any:
+    if isinstance(sample, Mapping):
+        return sample.get(name, default)
+    return getattr(sample, name, default)
+
+
+def slime_task(sample: Any) -> dict[str, Any]:
+    """The rollwire task (payload row) for a slime sample: its metadata, ``prompt``, ``answer``."""
+    meta = _get(sample, "metadata") or {}
+    task = {k: v for k, v in meta.items() if k != METADATA_KEY} if isinstance(meta, Mapping) else {}
+    task["prompt"] = _get(sample, "prompt", "")
+    label = _get(sample, "label")
+    if label is not None:
+        task.setdefault("answer", label)
+        task["label"] = label
+    task["slime_index"] = _get(sample, "index")
+    task["slime_group_index"] = _get(sample, "group_index")
+    return task
+
+
+def slime_sampling(sampling_params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """slime's SGLang sampling params as rollwire session sampling (unknown keys are dropped)."""
+    out: dict[str, Any] = {}
+    for key, value in (sampling_params or {}).items():
+        target = _SAMPLING_MAP.get(key)
+        if target is None or value is None:
+            continue
+        if key == "top_k" and value in (-1, 0):  # slime's "off"
+            continue
+        if key in ("stop", "stop_token_ids") and not value:
+            continue
+        out[target] = value
+    return out
+
+
+def rollout_to_sample_dicts(
+    rollout: Rollout,
+    sample: Any,
+    *,
+    mode: BuildMode = "merge",
+    failure_reward: float = 0.0,
+) -> list[dict[str, Any]]:
+    """The slime sample dicts for ``rollout``, which ran for the slime ``sample``.
+
+    The rows keep the sample's ``group_index``, ``index``, ``prompt``, ``label`` and metadata
+    (rollwire's ids added under ``metadata["rollwire"]``) and share ``rollout_id = index`` — the
+    contract of slime's compact rollouts.
+    """
+    index = _get(sample, "index")
+    index = int(index) if index is not None else 0
+    group_index = _get(sample, "group_index")
+    meta = _get(sample, "metadata") or {}
+    rows = rollout_sample_dicts(
+        rollout,
+        group_index=int(group_index) if group_index is not None else 0,
+        rollout_index=index,
+        index_start=index,
+        shared_index=True,
+        mode=mode,
+        failure_reward=failure_reward,
+        metadata=dict(meta) if isinstance(meta, Mapping) else None,
+    )
+    for row in rows:
+        row["prompt"] = _get(sample, "prompt", row["prompt"])
+        row["label"] = _get(sample, "label", row["label"])
+        for key in (
+            "multimodal_inputs",
+            "multimodal_train_inputs",
+            "generate_function_path",
+            "train_metadata",
+        ):
+            row[key] = _get(sample, key, row[key])
+    return rows
+
+
+# -- process state -----------------------------------------------------------------------------
+# slime loads hooks by path and calls them as plain functions, so there is no object to hold the
+# gateway between calls; one per router URL lives here for the process (slime's own
+# GenerateState is a singleton for the same reason). The local runner is shared for the same
+# reason: closing it would cancel other rollouts of the same agent app.
+
+_LOCK = threading.Lock()
+_GATEWAYS: dict[tuple[str, str], Any] = {}
+_LOCAL_RUNNERS: dict[int, Any] = {}
+
+
+def _stop_gateways() -> None:
+    with _LOCK:
+        gateways = list(_GATEWAYS.values())
+        _GATEWAYS.clear()
+    for gw in gateways:
+        gw.stop()
+
+
+atexit.register(_stop_gateways)
+
+
+def _gateway(cfg: HookConfig) -> Any:
+    if cfg.gateway_url is not None and not isinstance(cfg.gateway_url, str):
+        return cfg.gateway_url  # a running gateway object (tests, notebooks)
+    if cfg.gateway_url:
+        if not cfg.admin_key:
+            raise ValueError(
+                f"the rollwire gateway at {cfg.gateway_url} needs its admin key: set "
+                "ROLLWIRE_ADMIN_KEY (or args.rollwire_admin_key)"
+            )
+        return _External(cfg.gateway_url, cfg.admin_key)
+    if cfg.router_url is None:
+        raise ValueError(
+            "no rollwire gateway: set ROLLWIRE_GATEWAY_URL, or run under slime so that "
+            "args.sglang_router_ip/sglang_router_port name the router to serve from"
+        )
+    key = (cfg.router_url, json.dumps(cfg.gateway_options, sort_keys=True, default=str))
+    with _LOCK:
+        gw = _GATEWAYS.get(key)
+        if gw is None:
+            from rollwire.gateway import serve_in_thread
+
+            if cfg.capture == "tokens" and cfg.tokenizer_path:
+                # the gateway renders chat templates itself in tokens mode; slime's checkpoint
+                # folder has the tokenizer (the router may not advertise one)
+                os.environ.setdefault("ROLLWIRE_TOKENIZER", str(cfg.tokenizer_path))
+            gw = serve_in_thread(backends=[(cfg.router_url, "sglang")], **cfg.gateway_options)
+            _GATEWAYS[key] = gw
+    return gw
+
+
+@dataclass
+class _External:
+    url: str
+    admin_key: str
+
+
+def _agent(cfg: HookConfig) -> Any:
+    agent = cfg.agent
+    if isinstance(agent, str):
+        module, sep, attr = agent.partition(":")
+        if not sep:
+            raise ValueError(f"rollwire agent must be 'module:attr', got {agent!r}")
+        agent = getattr(importlib.import_module(module), attr)
+    return agent
+
+
+def _runner(cfg: HookConfig) -> tuple[Any, Any, str | None]:
+    """``(runner, app, app_path)`` for RolloutClient; a local runner is shared per agent."""
+    kind = cfg.runner.partition(":")[0]
+    app_path = cfg.agent if isinstance(cfg.agent, str) else None
+    if kind != "local":
+        return cfg.runner, None, app_path
+    if cfg.agent is None:
+        raise ValueError(
+            "the local runner needs the agent: set ROLLWIRE_AGENT=module:app (a RolloutApp or "
+            "handler), or ROLLWIRE_RUNNER=http:URL for agents served elsewhere"
+        )
+    agent = _agent(cfg)
+    with _LOCK:
+        runner = _LOCAL_RUNNERS.get(id(agent))
+        if runner is None:
+            from rollwire.runners import LocalRunner
+
+            runner = LocalRunner(agent, failure_reward=cfg.failure_reward)
+            _LOCAL_RUNNERS[id(agent)] = runner
+    return runner, None, None
+
+
+def _client(cfg: HookConfig, group_size: int, sampling: Mapping[str, Any]) -> Any:
+    from rollwire.client import RolloutClient
+
+    runner, app, app_path = _runner(cfg)
+    return RolloutClient(
+        _gateway(cfg),
+        runner=runner,
+        app=app,
+        app_path=app_path,
+        group_size=group_size,
+        sampling=sampling,
+        capture=cfg.capture,
+        concurrency=cfg.concurrency,
+        deadline=cfg.deadline,
+        failure_reward=cfg.failure_reward,
+    )
+
+
+# -- the hooks ---------------------------------------------------------------------------------
+
+
+async def generate(
+    args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Any:
+    """``--custom-generate-function-path rollwire_slime.generate``: one rollwire rollout per sample.
+
+    Returns the rollout's rows as ``list[Sample]`` sharing ``rollout_id`` (slime's compact form;
+    one element when nothing forked), or a bare ``Sample`` with ``rollwire_compact`` off and a
+    single row. The reward comes from the agent, so slime's reward model is not called.
+    """
+    cfg = HookConfig.from_args(args)
+    sample_cls = import_sample_class()
+    client = _client(cfg, 1, slime_sampling(sampling_params))
+    (group,) = await client.arun([slime_task(sample)])
+    (rollout,) = group.rollouts
+    rows = [
+        sample_cls.from_dict(d)
+        for d in rollout_to_sample_dicts(
+            rollout, sample, mode=cfg.mode, failure_reward=cfg.failure_reward
+        )
+    ]
+    if not cfg.compact and len(rows) == 1:
+        return rows[0]
+    return rows
+
+
+def _default_sampling(args: Any) -> dict[str, Any]:
+    return slime_sampling(
+        {
+            "temperature": getattr(args, "rollout_temperature", None),
+            "top_p": getattr(args, "rollout_top_p", None),
+            "top_k": getattr(args, "rollout_top_k", None),
+            "max_new_tokens": getattr(args, "rollout_max_response_len", None),
+            "stop": getattr(args, "rollout_stop", None),
+            "stop_token_ids": getattr(args, "rollout_stop_token_ids", None),
+        }
+    )
+
+
+async def collect_groups(
+    args: Any, groups: list[list[Any]], cfg: HookConfig
+) -> tuple[list[list[Any]], dict[str, Any]]:
+    """Run slime's prompt groups through rollwire; the sample dicts ``[group][rollout][row]`` in
+    the order of ``groups``, and rollwire's run statistics as slime metrics."""
+    if not groups:
+        return [], {}
+    n = len(groups[0])
+    if any(len(g) != n for g in groups):
+        raise ValueError(
+            f"slime groups differ in size ({sorted({len(g) for g in groups})}); expected n_samples_per_prompt each"
+        )
+    client = _client(cfg, n, _default_sampling(args))
+    tasks = []
+    for position, group in enumerate(groups):
+        task = slime_task(group[0])
+        task["slime_position"] = position
+        tasks.append(task)
+    out: list[list[Any] | None] = [None] * len(groups)
+    async for done in client.stream(tasks):
+        position = int((done.task or {})["slime_position"])
+        slime_group = groups[position]
+        out[position] = [
+            rollout_to_sample_dicts(r, s, mode=cfg.mode, failure_reward=cfg.failure_reward)
+            for r, s in zip(done.rollouts, slime_group)
+        ]
+    missing = [i for i, g in enumerate(out) if g is None]
+    if missing:
+        raise RuntimeError(f"rollwire returned no rollouts for slime groups {missing}")
+    stats = client.stats
+    metrics = {
+        "rollwire/rollouts": stats.rollouts,
+        "rollwire/failed": stats.failed,
+        "rollwire/undeliverable": stats.undeliverable,
+        "rollwire/infra_retries": stats.infra_retries,
+        "rollwire/wall_s": stats.wall_s,
+    }
+    return [g for g in out if g is not None], metrics
+
+
+def _run(coro: Any) -> Any:
+    try:
+        from slime.utils.async_utils import run as slime_run  # slime's persistent rollout loop
+    except ImportError:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coro)
+        raise RuntimeError(
+            "generate_rollout is synchronous and was called inside a running event loop"
+        ) from None
+    return slime_run(coro)
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """``--rollout-function-path rollwire_slime.generate_rollout``: a whole batch via rollwire.
+
+    Takes ``args.rollout_batch_size`` prompt groups from ``data_source.get_samples``, runs each as
+    a rollwire group of ``n_samples_per_prompt`` rollouts (``RolloutClient.stream``), and returns
+    them as slime's compact ``[group][rollout][row]`` Samples (a ``RolloutFnTrainOutput`` with
+    rollwire's counters as metrics when slime has that type). Evaluation is delegated to slime's
+    default rollout, which calls ``--custom-generate-function-path`` per sample.
+    """
+    if evaluation:
+        from slime.rollout.sglang_rollout import generate_rollout as slime_generate_rollout
+
+        return slime_generate_rollout(args, rollout_id, data_source, evaluation=True)
+    cfg = HookConfig.from_args(args)
+    sample_cls = import_sample_class()
+    groups = data_source.get_samples(int(getattr(args, "rollout_batch_size", 1)))
+    nested, metrics = _run(collect_groups(args, groups, cfg))
+    samples = [[[sample_cls.from_dict(d) for d in rows] for rows in g] for g in nested]
+    try:
+        from slime.rollout.base_types import RolloutFnTrainOutput
+    except ImportError:
+        return samples
+    return RolloutFnTrainOutput(samples=samples, metrics=metrics)
