@@ -17,9 +17,11 @@ from rollwire.testing.samples import (
     sample_batch,
     single_turn_rollout,
 )
+from rollwire.testing.agent import AgentAdapterConformance
 from rollwire.testing.trainer import TrainerAdapterConformance
 
 __all__ = [
+    "AgentAdapterConformance",
     "TrainerAdapterConformance",
     "failed_rollout",
     "forked_rollout",

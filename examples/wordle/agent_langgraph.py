@@ -1,0 +1,73 @@
+"""The Wordle agent written with LangChain/LangGraph: ``create_agent(model, tools, system_prompt)``.
+
+Production code with two rollwire lines: ``app = RolloutApp(...)`` and
+``rollwire_langgraph.chat_model(payload, ...)``, which returns a ``ChatOpenAI`` wired to the
+rollout session, or the production model when the payload has no ``_rollwire`` key. Run it as a
+server with ``python examples/wordle/agent_langgraph.py`` (port 8080, AgentCore's contract) or
+through ``rollwire demo --agent langgraph``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain_core.tools import tool
+
+import rollwire_langgraph
+from rollwire.app import RolloutApp
+from rollwire.wordle.agent_openai import secret_of
+from rollwire.wordle.game import SYSTEM_PROMPT, WordleGame, task_prompt
+from rollwire.wordle.reward import NO_VALID_GUESS, score_game
+
+__all__ = ["app", "play"]
+
+log = logging.getLogger(__name__)
+
+#: Model calls per game at most: six guesses plus room for a few turns without a guess.
+MAX_TURNS = 9
+
+app = RolloutApp(failure_reward=NO_VALID_GUESS)
+
+
+@app.rollout_entrypoint
+def play(payload: dict[str, Any]) -> dict[str, Any]:
+    """Play one game of Wordle with a LangChain agent; returns ``{"reward", "metrics"}``."""
+
+    game = WordleGame(secret_of(payload))
+
+    @tool
+    def guess_word(word: str) -> str:
+        """Guess the secret five-letter word; returns per-letter feedback.
+
+        Args:
+            word: a five-letter English word
+        """
+        return game.guess(word).text
+
+    model = rollwire_langgraph.chat_model(
+        payload,
+        model=os.environ.get("WORDLE_MODEL", "gpt-4o-mini"),
+        max_tokens=512,
+        streaming=os.environ.get("WORDLE_STREAM", "1") == "1",
+    )
+    agent = create_agent(model, tools=[guess_word], system_prompt=SYSTEM_PROMPT)
+    turns = 0
+    try:
+        # one model node and one tool node per turn
+        for update in agent.stream(
+            {"messages": [{"role": "user", "content": task_prompt(game.max_guesses)}]},
+            config={"recursion_limit": 2 * MAX_TURNS + 1},
+            stream_mode="updates",
+        ):
+            turns += sum(1 for node in update if node == "model")
+    except Exception as exc:  # the game so far still earns its reward
+        log.warning("wordle langgraph agent stopped: %s: %s", type(exc).__name__, exc)
+    score = score_game(game)
+    return {"reward": score.reward, "metrics": {**score.metrics(), "turns": float(turns)}}
+
+
+if __name__ == "__main__":
+    app.run()

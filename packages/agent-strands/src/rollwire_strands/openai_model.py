@@ -1,0 +1,103 @@
+"""Build a Strands ``OpenAIModel`` for a rollout session (or for production).
+
+Strands opens a fresh ``AsyncOpenAI`` per request when given ``client_args``; that is what we
+give it. A shared ``client=`` breaks synchronous ``agent(...)`` calls, which run each call on a
+new event loop ("Event loop is closed"), so a production ``client`` is dropped in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rollwire.context import ROLLOUT_MAX_RETRIES, RolloutContext, rollout_context
+
+if TYPE_CHECKING:
+    from strands.models.openai import OpenAIModel
+
+__all__ = ["StrandsAdapter", "adapter", "model"]
+
+#: Keyword arguments of ``chat.completions.create`` that Strands may pass as ``params``; any other
+#: session sampling key (``top_k``, ``min_p``, ``repetition_penalty``...) goes in ``extra_body``,
+#: because Strands spreads ``params`` into ``create(**request)`` and the SDK rejects unknown names.
+_OPENAI_PARAMS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "stop",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "reasoning_effort",
+    }
+)
+_MAX_TIMEOUT_S = 600.0
+# Production-only client settings that must not leak into a session's client.
+_PRODUCTION_ONLY = ("client", "bedrock_mantle_config")
+
+
+def _timeout(ctx: RolloutContext) -> float:
+    # Never wait on one call past the rollout's deadline (the gateway would refuse it anyway).
+    remaining = ctx.remaining()
+    return _MAX_TIMEOUT_S if remaining is None else max(1.0, min(_MAX_TIMEOUT_S, remaining))
+
+
+def session_params(
+    sampling: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Strands ``params`` with the session's ``sampling`` laid over ``base`` (session wins)."""
+    params = dict(base or {})
+    extra = dict(params.get("extra_body") or {})
+    for key, value in sampling.items():
+        if key in _OPENAI_PARAMS:
+            params[key] = value
+            extra.pop(key, None)
+        else:
+            extra[key] = value
+            params.pop(key, None)
+    if extra:
+        params["extra_body"] = extra
+    return params
+
+
+def model(payload: Mapping[str, Any], **production_kwargs: Any) -> OpenAIModel:
+    """A Strands ``OpenAIModel`` for the session in ``payload["_rollwire"]``.
+
+    Without a session it is ``OpenAIModel(**production_kwargs)``. With one, the production
+    arguments are kept except where the session decides: ``base_url``/``api_key`` (in
+    ``client_args``), ``model_id``, and the sampling parameters in ``params``.
+    """
+    from strands.models.openai import OpenAIModel
+
+    ctx = rollout_context(payload)
+    if ctx is None:
+        return OpenAIModel(**production_kwargs)
+    kwargs = {k: v for k, v in production_kwargs.items() if k not in _PRODUCTION_ONLY}
+    client_args = dict(kwargs.pop("client_args", None) or {})
+    client_args["base_url"] = ctx.base_url
+    client_args["api_key"] = ctx.api_key
+    client_args["max_retries"] = ROLLOUT_MAX_RETRIES
+    client_args.setdefault("timeout", _timeout(ctx))
+    kwargs["model_id"] = ctx.model
+    kwargs["params"] = session_params(ctx.sampling, kwargs.get("params"))
+    return OpenAIModel(client_args=client_args, **kwargs)
+
+
+class StrandsAdapter:
+    """The ``rollwire.agents`` plugin for Strands Agents."""
+
+    name = "strands"
+    requires: tuple[str, ...] = ("strands-agents>=1.0",)
+
+    def model(self, payload: Mapping[str, Any], **production_kwargs: Any) -> OpenAIModel:
+        """See :func:`rollwire_strands.model`."""
+        return model(payload, **production_kwargs)
+
+
+adapter = StrandsAdapter()

@@ -1,0 +1,523 @@
+"""Conformance suite every agent-framework adapter runs (subclass it; provide the small hooks).
+
+    class TestStrandsAdapter(AgentAdapterConformance):
+        framework_modules = ("strands",)   # must not be imported by the entry module
+
+        @pytest.fixture
+        def adapter(self): return rollwire_strands.adapter
+
+        def production_kwargs(self, *, base_url, api_key, model):
+            return {"client_args": {"base_url": base_url, "api_key": api_key}, "model_id": model}
+
+        def model_kwargs(self, *, stream):          # optional: how to pick (non-)streaming
+            return {"stream": stream}
+
+        def run_agent(self, model, task, *, stream, payload):
+            ...   # a real agent of the framework with task.tools; return its final text
+
+The suite checks, with real HTTP: the production fallback (no ``_rollwire`` → the production
+endpoint, key and model), the session wiring (base URL, token, model, sampling parameters), and
+a multi-turn tool-calling rollout against a real gateway and the embedded engine in scripted
+mode, captured with the right rows, masks and log-probs, in every streaming mode the framework
+has.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from rollwire.adapters import AgentAdapter
+from rollwire.plugins import check_requirements
+
+__all__ = [
+    "PRODUCTION_MODEL",
+    "AgentAdapterConformance",
+    "RecordedRequest",
+    "RecordingServer",
+    "ToolTask",
+    "arithmetic_script",
+    "arithmetic_task",
+    "tool_schema",
+]
+
+ToolFn = Callable[..., Any]
+#: the model name the production configuration asks for
+PRODUCTION_MODEL = "prod-model"
+
+
+# --------------------------------------------------------------------------------------------
+# The standard task: two tool calls, then an answer that only the tool results make possible.
+
+
+@dataclass
+class ToolTask:
+    """A tool-calling task: the prompt, the tools (plain typed functions), and what they saw."""
+
+    prompt: str
+    tools: list[ToolFn]
+    system_prompt: str = "You are a careful calculator. Use the tools for every step."
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    answer: str = ""
+    #: model calls the scripted engine needs to finish the task
+    expected_model_calls: int = 0
+
+
+def arithmetic_task() -> ToolTask:
+    """(2 + 3) * 4 with an ``add`` and a ``multiply`` tool: three model calls, two tool calls."""
+    task = ToolTask(
+        prompt="What is (2 + 3) * 4? Use the tools.",
+        tools=[],
+        answer="20",
+        expected_model_calls=3,
+    )
+
+    def add(a: int, b: int) -> str:
+        """Add two integers."""
+        task.calls.append(("add", {"a": a, "b": b}))
+        return f"sum={int(a) + int(b)}"
+
+    def multiply(a: int, b: int) -> str:
+        """Multiply two integers."""
+        task.calls.append(("multiply", {"a": a, "b": b}))
+        return f"product={int(a) * int(b)}"
+
+    task.tools = [add, multiply]
+    return task
+
+
+def _tool_call(name: str, arguments: dict[str, Any]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def _transcript(messages: list[dict[str, Any]]) -> str:
+    parts: list[str] = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "\n".join(parts)
+
+
+def arithmetic_script(messages: list[dict[str, Any]], tools: Any = None) -> str:
+    """The embedded engine's scripted solver for :func:`arithmetic_task` (reads tool results back)."""
+    text = _transcript(messages)
+    product = re.search(r"product=(-?\d+)", text)
+    if product:
+        return f"The answer is {product.group(1)}."
+    total = re.search(r"sum=(-?\d+)", text)
+    if total:
+        return _tool_call("multiply", {"a": int(total.group(1)), "b": 4})
+    return _tool_call("add", {"a": 2, "b": 3})
+
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
+
+
+def tool_schema(fn: ToolFn) -> dict[str, Any]:
+    """The OpenAI ``tools`` entry for a typed function (for run hooks that use a plain client)."""
+    hints = {k: v for k, v in inspect.get_annotations(fn, eval_str=True).items() if k != "return"}
+    return {
+        "type": "function",
+        "function": {
+            "name": fn.__name__,
+            "description": inspect.getdoc(fn) or fn.__name__,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": _JSON_TYPES.get(t, "string")} for k, t in hints.items()},
+                "required": list(hints),
+            },
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# A fake OpenAI endpoint that records what it was sent.
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One HTTP request as the recording server saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class RecordingServer:
+    """A stand-in OpenAI endpoint on 127.0.0.1: records requests, answers every chat call with
+    one plain assistant message (so any agent stops after one model call). Streams when asked."""
+
+    reply = "Done."
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread: threading.Thread | None = None
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server._record(self, {})
+                self._send(
+                    200, "application/json", json.dumps({"object": "list", "data": []}).encode()
+                )
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+                body = json.loads(raw or b"{}")
+                server._record(self, body)
+                if body.get("stream"):
+                    self._send(200, "text/event-stream", server._stream_body(body))
+                else:
+                    self._send(
+                        200, "application/json", json.dumps(server._completion(body)).encode()
+                    )
+
+            def _send(self, status: int, ctype: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+    def _record(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        self.requests.append(RecordedRequest(handler.command, handler.path, headers, body))
+
+    def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-recorded",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "unknown"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.reply},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        }
+
+    def _stream_body(self, body: dict[str, Any]) -> bytes:
+        base = {
+            "id": "chatcmpl-recorded",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model", "unknown"),
+        }
+        chunks: list[dict[str, Any]] = [
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                ],
+            },
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {"content": self.reply}, "finish_reason": None}],
+            },
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {
+                **base,
+                "choices": [],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+            },
+        ]
+        return (
+            b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            + b"data: [DONE]\n\n"
+        )
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        """The chat-completions requests received, in order."""
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def start(self) -> RecordingServer:
+        """Serve on a background thread."""
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and join the thread."""
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> RecordingServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# The suite.
+
+
+def _session_payload(
+    *, base_url: str, token: str, session_id: str, complete_url: str, sampling: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {
+        "prompt": "task",
+        "_rollwire": {
+            "version": 1,
+            "session_id": session_id,
+            "base_url": base_url,
+            "api_key": token,
+            "model": "policy",
+            "sampling": dict(sampling),
+            "complete_url": complete_url,
+            "deadline": time.time() + 300,
+            "group_id": "g-1",
+            "task_id": "t-1",
+        },
+    }
+
+
+@dataclass
+class RolloutEnv:
+    """A running embedded engine (scripted) and gateway, for the end-to-end tests."""
+
+    engine: Any
+    gateway: Any
+    client: Any
+
+
+class AgentAdapterConformance:
+    """What any agent adapter must do; see the module docstring for the hooks to provide."""
+
+    #: modules of the framework that the adapter's entry module must not import at import time
+    framework_modules: ClassVar[tuple[str, ...]] = ()
+    #: streaming modes the framework supports (``True`` = ``stream: true`` requests)
+    stream_modes: ClassVar[tuple[bool, ...]] = (False, True)
+    #: whether the adapter is registered under the ``rollwire.agents`` entry-point group
+    registered: ClassVar[bool] = True
+    #: the session's sampling parameters (one key that is not an OpenAI parameter on purpose)
+    sampling: ClassVar[dict[str, Any]] = {
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "max_tokens": 200,
+        "top_k": 40,
+    }
+    #: training rows the standard task's rollout becomes; 1 unless the framework rewrites its
+    #: history between calls (override it with the reason)
+    expected_rows: ClassVar[int] = 1
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    @pytest.fixture
+    def adapter(self) -> AgentAdapter:
+        raise NotImplementedError("subclasses provide the adapter under test")
+
+    def production_kwargs(self, *, base_url: str, api_key: str, model: str) -> dict[str, Any]:
+        """The framework's production keyword arguments for this endpoint, key and model."""
+        raise NotImplementedError
+
+    def model_kwargs(self, *, stream: bool) -> dict[str, Any]:
+        """Extra keyword arguments for ``adapter.model`` that select the streaming mode."""
+        return {}
+
+    def run_agent(
+        self, model: Any, task: ToolTask, *, stream: bool, payload: Mapping[str, Any]
+    ) -> str:
+        """Run a real agent of the framework with ``model`` and ``task.tools`` on ``task.prompt``
+        (with ``task.system_prompt``) until it answers; return its final text. ``payload`` is the
+        one ``model`` was built from (a plain client needs it for the model name)."""
+        raise NotImplementedError
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _build(
+        self, adapter: AgentAdapter, payload: Mapping[str, Any], stream: bool, **kwargs: Any
+    ) -> Any:
+        return adapter.model(payload, **kwargs, **self.model_kwargs(stream=stream))
+
+    @pytest.fixture(scope="class")
+    def rollout_env(self) -> Iterator[RolloutEnv]:
+        from rollwire.engine.config import EngineConfig
+        from rollwire.engine.server import EmbeddedEngine
+        from rollwire.gateway import serve_in_thread
+
+        with (
+            EmbeddedEngine(EngineConfig(scripted=arithmetic_script)) as engine,
+            serve_in_thread(backends=[(engine.url, "vllm")]) as gateway,
+        ):
+            yield RolloutEnv(engine, gateway, gateway.client())
+
+    # -- tests -------------------------------------------------------------------------------
+
+    def test_declares_interface(self, adapter: AgentAdapter) -> None:
+        assert isinstance(adapter, AgentAdapter)
+        assert adapter.name and isinstance(adapter.name, str)
+        assert adapter.requires and all(isinstance(r, str) for r in adapter.requires)
+        assert check_requirements(adapter.requires) == []
+
+    def test_registered_entry_point(self, adapter: AgentAdapter) -> None:
+        if not self.registered:
+            pytest.skip("this adapter is used by import, not through the rollwire.agents group")
+        from rollwire.plugins import load_agent
+
+        assert load_agent(adapter.name) is adapter
+
+    def test_entry_module_is_light(self, adapter: AgentAdapter) -> None:
+        module = type(adapter).__module__.split(".")[0]
+        module = type(adapter).__module__ if module == "rollwire" else module
+        code = (
+            f"import sys, {module}\n"
+            f"bad = [m for m in {list(self.framework_modules)!r} if m in sys.modules]\n"
+            "assert not bad, bad\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
+    def test_production_fallback(self, adapter: AgentAdapter, stream: bool) -> None:
+        if stream not in self.stream_modes:
+            pytest.skip(f"{adapter.name} has no {'streaming' if stream else 'non-streaming'} mode")
+        with RecordingServer() as prod:
+            kwargs = self.production_kwargs(
+                base_url=prod.url + "/v1", api_key="prod-key", model=PRODUCTION_MODEL
+            )
+            model = self._build(adapter, {"prompt": "task"}, stream, **kwargs)
+            out = self.run_agent(
+                model, arithmetic_task(), stream=stream, payload={"prompt": "task"}
+            )
+        assert RecordingServer.reply in out
+        requests = prod.chat_requests
+        assert len(requests) == 1, [r.path for r in prod.requests]
+        req = requests[0]
+        assert req.path == "/v1/chat/completions"
+        assert req.headers.get("authorization") == "Bearer prod-key"
+        assert req.body["model"] == PRODUCTION_MODEL
+        assert bool(req.body.get("stream")) is stream
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
+    def test_session_wiring(self, adapter: AgentAdapter, stream: bool) -> None:
+        if stream not in self.stream_modes:
+            pytest.skip(f"{adapter.name} has no {'streaming' if stream else 'non-streaming'} mode")
+        with RecordingServer() as gw:
+            payload = _session_payload(
+                base_url=gw.url + "/s/tok-123/v1",
+                token="tok-123",
+                session_id="sess-1",
+                complete_url=gw.url + "/api/sessions/sess-1/complete",
+                sampling=self.sampling,
+            )
+            # production settings point elsewhere (nothing listens on port 9): the session wins
+            kwargs = self.production_kwargs(
+                base_url="http://127.0.0.1:9/v1", api_key="prod-key", model=PRODUCTION_MODEL
+            )
+            model = self._build(adapter, payload, stream, **kwargs)
+            self.run_agent(model, arithmetic_task(), stream=stream, payload=payload)
+        requests = gw.chat_requests
+        assert len(requests) == 1, [r.path for r in gw.requests]
+        req = requests[0]
+        assert req.path == "/s/tok-123/v1/chat/completions"
+        assert req.headers.get("authorization") == "Bearer tok-123"
+        body = req.body
+        assert body["model"] == "policy"
+        assert bool(body.get("stream")) is stream
+        assert "extra_body" not in body
+        for key, value in self.sampling.items():
+            got = body.get(key)
+            if key == "max_tokens" and got is None:
+                got = body.get("max_completion_tokens")
+            assert got == value, f"sampling parameter {key}={value!r} not sent (request: {body})"
+
+    @pytest.mark.parametrize("capture", ["passthrough", "tokens"])
+    @pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
+    def test_multi_turn_rollout_captured(
+        self, adapter: AgentAdapter, rollout_env: RolloutEnv, stream: bool, capture: str
+    ) -> None:
+        if stream not in self.stream_modes:
+            pytest.skip(f"{adapter.name} has no {'streaming' if stream else 'non-streaming'} mode")
+        if capture == "tokens":
+            pytest.importorskip("transformers", reason="tokens capture needs rollwire[tokens]")
+        client = rollout_env.client
+        sampling = {"temperature": 0.8, "max_tokens": 128}
+        handle = client.create_session(
+            group_id="g-1", task_id="t-1", sampling=sampling, capture=capture
+        )
+        payload = _session_payload(
+            base_url=handle.base_url,
+            token=handle.token,
+            session_id=handle.session_id,
+            complete_url=handle.complete_url,
+            sampling=sampling,
+        )
+        task = arithmetic_task()
+        model = self._build(adapter, payload, stream)
+        out = self.run_agent(model, task, stream=stream, payload=payload)
+
+        # the agent really ran the tools and answered from their results
+        assert task.calls == [("add", {"a": 2, "b": 3}), ("multiply", {"a": 5, "b": 4})]
+        assert task.answer in out
+        reward = 1.0 if task.answer in out else 0.0
+        client.complete(
+            handle.session_id, reward=reward, metrics={"tool_calls": 2.0}, token=handle.token
+        )
+
+        info = client.get_session(handle.session_id)
+        assert info.status == "completed"
+        assert info.reward == reward
+
+        calls = client.calls(handle.session_id)
+        assert len(calls) == task.expected_model_calls
+        assert all(c.status == "ok" for c in calls)
+        assert [c.stream for c in calls] == [stream] * len(calls)
+        assert all(c.sampling.get("temperature") == sampling["temperature"] for c in calls)
+        assert all(len(c.completion_ids) > 0 for c in calls)
+
+        rows = client.trajectory(handle.session_id)
+        assert rows, "no training rows"
+        # every sampled token is in exactly one row, with mask 1 and its captured log-prob
+        expected = np.concatenate([c.completion_ids for c in calls])
+        masked = np.concatenate([r.response_ids[r.loss_mask == 1] for r in rows])
+        np.testing.assert_array_equal(masked, expected)
+        expected_lp = np.concatenate([c.logprobs for c in calls])
+        got_lp = np.concatenate([r.logprobs[r.loss_mask == 1] for r in rows])
+        np.testing.assert_allclose(got_lp, expected_lp, atol=1e-6)
+        assert np.all(got_lp != 0.0) and np.all(got_lp <= 0.0)
+        for row in rows:
+            assert len(row.loss_mask) == len(row.logprobs) == len(row.input_ids) - row.prompt_len
+            assert np.all(row.logprobs[row.loss_mask == 0] == 0.0)
+            assert row.reward == reward
+        # the agent keeps prefix continuity, so the calls merge into the expected rows
+        assert len(rows) == self.expected_rows, [r.fork for r in rows]
+        assert [cid for r in rows for cid in r.call_ids] == [c.call_id for c in calls]

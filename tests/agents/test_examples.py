@@ -1,0 +1,190 @@
+"""The example agents end to end: RolloutClient → RolloutApp → the framework's agent → gateway →
+embedded engine (scripted) → reward posted to ``complete_url`` → rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rollwire.client import RolloutClient
+from rollwire.engine.config import EngineConfig
+from rollwire.engine.server import EmbeddedEngine
+from rollwire.gateway import serve_in_thread
+from rollwire.protocol import Rollout
+from rollwire.trajectory import build_rows
+from rollwire.wordle import WordleSolver, make_tasks
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load(path: Path) -> ModuleType:
+    name = f"_example_{path.parent.name}_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+office = _load(EXAMPLES / "office" / "office.py")
+office_solver = _load(EXAMPLES / "office" / "solver.py")
+
+
+@pytest.fixture(scope="module")
+def engine_and_gateway() -> Iterator[Callable[[Any], Any]]:
+    """A factory: ``start(script)`` returns a running gateway over a scripted engine."""
+    started: list[Any] = []
+
+    def start(script: Any) -> Any:
+        engine = EmbeddedEngine(EngineConfig(scripted=script)).start()
+        gateway = serve_in_thread(backends=[(engine.url, "vllm")])
+        started.extend([gateway, engine])
+        return gateway
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _check_rollout(rollout: Rollout, min_calls: int) -> None:
+    assert rollout.status == "completed", rollout.error
+    assert len(rollout.calls) >= min_calls
+    assert all(c.status == "ok" and len(c.completion_ids) for c in rollout.calls)
+    rows = build_rows([rollout])
+    assert len(rows) == 1, [r.fork for r in rows]  # prefix continuity: one row per rollout
+    row = rows[0]
+    sampled = row.response_ids[row.loss_mask == 1]
+    np.testing.assert_array_equal(
+        sampled, np.concatenate([c.completion_ids for c in rollout.calls])
+    )
+    assert np.all(row.logprobs[row.loss_mask == 1] < 0.0)
+    assert np.all(row.logprobs[row.loss_mask == 0] == 0.0)
+    assert row.reward == rollout.reward
+
+
+@pytest.mark.parametrize("agent", ["agent_strands", "agent_langgraph"])
+def test_wordle_agent_end_to_end(agent: str, engine_and_gateway: Callable[[Any], Any]) -> None:
+    gateway = engine_and_gateway(WordleSolver(seed=0))
+    module = _load(EXAMPLES / "wordle" / f"{agent}.py")
+    with RolloutClient(
+        gateway, app=module.app, group_size=2, sampling={"temperature": 1.0}, deadline=120
+    ) as rc:
+        groups = rc.run(make_tasks(2, seed=3))
+    assert len(groups) == 2 and all(len(g.rollouts) == 2 for g in groups)
+    for group in groups:
+        for rollout in group.rollouts:
+            _check_rollout(rollout, min_calls=2)
+            # the reward arrived through RolloutApp → complete_url, with the game's metrics
+            assert rollout.reward is not None and rollout.reward > -1.5
+            assert rollout.metrics["guesses"] >= 1
+            assert len(rollout.calls) >= rollout.metrics["guesses"]
+
+
+def test_office_agent_end_to_end(engine_and_gateway: Callable[[Any], Any]) -> None:
+    gateway = engine_and_gateway(office_solver.OfficeSolver())
+    agent = _load(EXAMPLES / "office" / "agent_openai.py")
+    tasks = office.make_tasks(3, seed=7)
+    with RolloutClient(gateway, app=agent.app, group_size=2, deadline=120) as rc:
+        groups = rc.run(tasks)
+    for group in groups:
+        for rollout in group.rollouts:
+            _check_rollout(rollout, min_calls=3)
+            assert len(rollout.calls) == 3  # list_events, send_email, the closing answer
+            assert rollout.reward == 1.0
+            assert rollout.metrics["emails_sent"] == 1.0
+
+
+def test_office_solver_mistakes_earn_nothing(engine_and_gateway: Callable[[Any], Any]) -> None:
+    gateway = engine_and_gateway(office_solver.OfficeSolver(mistake_rate=1.0))
+    agent = _load(EXAMPLES / "office" / "agent_openai.py")
+    # a task whose user has two upcoming meetings, so the mistaken solver picks the wrong one
+    task = next(t for t in office.make_tasks(50, seed=1) if _upcoming(t) >= 2)
+    with RolloutClient(gateway, app=agent.app, group_size=1, deadline=120) as rc:
+        (group,) = rc.run([task])
+    (rollout,) = group.rollouts
+    assert rollout.status == "completed"
+    assert rollout.reward == 0.0
+    assert rollout.metrics["right_subject"] == 0.0
+
+
+def _upcoming(task: dict[str, Any]) -> int:
+    me = f"{task['user']}@example.com"
+    return sum(1 for e in task["calendar"] if me in e["attendees"] and e["start"] > task["now"])
+
+
+def _world() -> dict[str, Any]:
+    return {
+        "task_id": "t",
+        "user": "alice",
+        "now": "2025-03-03T09:00",
+        "calendar": [
+            {
+                "id": "a",
+                "title": "Standup",
+                "start": "2025-03-03T08:30",
+                "organizer": "bob@example.com",
+                "attendees": ["alice@example.com"],
+            },
+            {
+                "id": "b",
+                "title": "Roadmap",
+                "start": "2025-03-03T11:00",
+                "organizer": "carol@example.com",
+                "attendees": ["alice@example.com"],
+            },
+            {
+                "id": "c",
+                "title": "Retro",
+                "start": "2025-03-03T10:00",
+                "organizer": "dave@example.com",
+                "attendees": ["erin@example.com"],
+            },
+            {
+                "id": "d",
+                "title": "Budget",
+                "start": "2025-03-04T09:00",
+                "organizer": "erin@example.com",
+                "attendees": ["alice@example.com"],
+            },
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("emails", "reward"),
+    [
+        ([("carol@example.com", "Running late: Roadmap", "sorry")], 1.0),
+        ([("bob@example.com", "Running late: Standup", "sorry")], 0.0),  # a past meeting
+        ([("dave@example.com", "Running late: Retro", "sorry")], 0.0),  # not her meeting
+        ([("carol@example.com", "Late", "sorry")], 0.0),  # wrong subject
+        ([("carol@example.com", "Running late: Roadmap", "")], 0.0),  # no body
+        ([("carol@example.com", "Running late: Roadmap", "sorry")] * 2, 0.0),  # sent twice
+        ([], 0.0),
+    ],
+)
+def test_office_reward_checks_the_state_exactly(
+    emails: list[tuple[str, str, str]], reward: float
+) -> None:
+    world = office.Office(_world())
+    for to, subject, body in emails:
+        world.send_email(to, subject, body)
+    assert office.score_office(world).reward == reward
+
+
+def test_office_tools() -> None:
+    world = office.Office(_world())
+    listing = world.list_events("alice")
+    assert '"Roadmap"' in listing and '"Retro"' not in listing
+    assert world.call("send_email", '{"to": "nobody"}').startswith("Error")
+    assert world.call("delete_everything", "{}").startswith("Error")
+    assert world.tool_errors == 2 and world.outbox == []
