@@ -27,7 +27,6 @@ def _no_trace_export() -> Iterator[None]:
 
 class TestOpenAIAgentsAdapter(AgentAdapterConformance):
     framework_modules = ("agents",)
-    registered = False  # imported from rollwire.agents.openai_agents, not an entry point
 
     @pytest.fixture
     def adapter(self) -> openai_agents.OpenAIAgentsAdapter:

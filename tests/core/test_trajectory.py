@@ -259,6 +259,16 @@ def test_failed_calls_are_skipped() -> None:
     assert [row.call_ids for row in rows] == [["c0"]]
 
 
+def test_superseded_retry_is_left_out() -> None:
+    r = _rollout([("p", "abc"), ("p", "xyz"), ("pxyz" + "q", "de")])
+    r.calls[0].flags.append("superseded_by_retry")
+    r.calls[0].trainable = False
+    r.calls[1].retry_of = "c0"
+    rows = build_rows([r])
+    assert len(rows) == 1 and rows[0].fork is None
+    assert rows[0].call_ids == ["c1", "c2"]
+
+
 def test_inconsistent_call_is_a_clear_error() -> None:
     r = _rollout([("p", "abc")])
     r.calls[0].logprobs = np.zeros(1, np.float32)

@@ -35,7 +35,27 @@ _EXPORTS: dict[str, str] = {
     "group_advantages": "rollwire.rewards",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "AsyncGatewayClient",
+    "Fork",
+    "GatewayClient",
+    "Group",
+    "ModelCall",
+    "Rollout",
+    "RolloutApp",
+    "RolloutClient",
+    "RolloutContext",
+    "Row",
+    "TrajectoryBuilder",
+    "__version__",
+    "async_openai_client",
+    "build_rows",
+    "group_advantages",
+    "openai_client",
+    "read_jsonl",
+    "rollout_context",
+    "write_jsonl",
+]
 
 if TYPE_CHECKING:
     from rollwire.app import RolloutApp

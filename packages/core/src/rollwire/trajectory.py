@@ -33,6 +33,9 @@ class TokenizerLike(Protocol):
         ...
 
 
+#: flag the gateway puts on a call whose request the agent retried (see ``ModelCall.retry_of``)
+SUPERSEDED_FLAG = "superseded_by_retry"
+
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _WS = re.compile(r"\s+")
 
@@ -123,7 +126,11 @@ def _add_context(row: _OpenRow, ids: np.ndarray) -> None:
 
 
 def _usable(call: ModelCall) -> bool:
-    return call.status == "ok" and call.prompt_ids.shape[0] > 0
+    # A call the agent retried is replaced by its retry: training on both would count one
+    # decision twice, and the retry's prompt would fork the row.
+    return (
+        call.status == "ok" and call.prompt_ids.shape[0] > 0 and SUPERSEDED_FLAG not in call.flags
+    )
 
 
 class TrajectoryBuilder:

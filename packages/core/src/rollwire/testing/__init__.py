@@ -9,6 +9,7 @@ Each implementation runs a suite by subclassing its base class and providing one
 Importing this package needs pytest.
 """
 
+from rollwire.testing.agent import AgentAdapterConformance
 from rollwire.testing.samples import (
     failed_rollout,
     forked_rollout,
@@ -17,7 +18,6 @@ from rollwire.testing.samples import (
     sample_batch,
     single_turn_rollout,
 )
-from rollwire.testing.agent import AgentAdapterConformance
 from rollwire.testing.trainer import TrainerAdapterConformance
 
 __all__ = [

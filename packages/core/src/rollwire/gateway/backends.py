@@ -1,0 +1,116 @@
+"""Inference backends: sticky-per-session routing with least-loaded fallback, health checks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import aiohttp
+
+from rollwire.gateway.config import BackendSpec
+
+__all__ = ["Backend", "BackendPool"]
+
+log = logging.getLogger("rollwire.gateway")
+
+
+@dataclass
+class Backend:
+    """One inference server the gateway forwards to."""
+
+    name: str
+    url: str
+    kind: str = "vllm"
+    healthy: bool = True
+    in_flight: int = 0
+
+    def info(self) -> dict[str, object]:
+        """The JSON form the control plane returns."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "kind": self.kind,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+        }
+
+
+class BackendPool:
+    """The set of backends, session affinity, and the periodic health check."""
+
+    def __init__(self, specs: list[BackendSpec], max_sticky: int = 100_000) -> None:
+        self.backends: dict[str, Backend] = {}
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._max_sticky = max_sticky
+        for spec in specs:
+            self.add(spec)
+
+    def add(self, spec: BackendSpec) -> Backend:
+        """Add (or replace, by name) a backend."""
+        name = spec.name or f"b{len(self.backends)}"
+        while spec.name is None and name in self.backends:
+            name = f"b{len(self.backends) + 1}-{len(name)}"
+        backend = Backend(name=name, url=spec.url, kind=spec.kind)
+        self.backends[name] = backend
+        return backend
+
+    def remove(self, name: str) -> bool:
+        """Take a backend out for good; False when unknown."""
+        return self.backends.pop(name, None) is not None
+
+    def pick(self, session_id: str, exclude: frozenset[str] = frozenset()) -> Backend | None:
+        """The session's sticky backend if healthy, else the least-loaded healthy one."""
+        name = self._sticky.get(session_id)
+        if name is not None and name not in exclude:
+            b = self.backends.get(name)
+            if b is not None and b.healthy:
+                return b
+        candidates = [b for b in self.backends.values() if b.healthy and b.name not in exclude]
+        if not candidates and not exclude:
+            # Every backend is marked down: try anyway rather than refuse (health may be stale).
+            candidates = list(self.backends.values())
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda b: b.in_flight)
+        self._sticky[session_id] = best.name
+        if len(self._sticky) > self._max_sticky:
+            self._sticky.popitem(last=False)
+        return best
+
+    def forget(self, session_id: str) -> None:
+        """Drop the session's affinity (when it ends)."""
+        self._sticky.pop(session_id, None)
+
+    def mark_failed(self, backend: Backend) -> None:
+        """Take a backend out of routing until its health check passes."""
+        if backend.healthy:
+            log.warning("backend %s (%s) failed; routing around it", backend.name, backend.url)
+        backend.healthy = False
+
+    async def check(self, http: aiohttp.ClientSession, backend: Backend) -> bool:
+        """Probe one backend (``GET /health``; for ``openai`` kind any answer counts)."""
+        path = "/v1/models" if backend.kind == "openai" else "/health"
+        try:
+            async with http.get(backend.url + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                await resp.read()
+                ok = resp.status < 500 if backend.kind == "openai" else resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            ok = False
+        if ok and not backend.healthy:
+            log.warning("backend %s (%s) is healthy again", backend.name, backend.url)
+        backend.healthy = ok
+        return ok
+
+    async def check_all(self, http: aiohttp.ClientSession) -> None:
+        """Probe every backend concurrently."""
+        await asyncio.gather(*(self.check(http, b) for b in list(self.backends.values())))
+
+    async def run_health_checks(self, http: aiohttp.ClientSession, interval: float) -> None:
+        """Probe all backends every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(Exception):
+                await self.check_all(http)

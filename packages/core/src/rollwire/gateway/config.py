@@ -1,0 +1,63 @@
+"""Gateway configuration: one explicit object, passed in (no globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BackendSpec", "GatewayConfig"]
+
+BACKEND_KINDS = ("vllm", "sglang", "openai")
+
+
+@dataclass
+class BackendSpec:
+    """An inference server: base ``url`` (with or without ``/v1``) and its API ``kind``."""
+
+    url: str
+    kind: str = "vllm"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in BACKEND_KINDS:
+            raise ValueError(
+                f"unknown backend kind {self.kind!r} for {self.url}: use one of {BACKEND_KINDS}"
+            )
+        url = self.url.rstrip("/")
+        if url.endswith("/v1"):
+            url = url[:-3]
+        self.url = url
+
+    @classmethod
+    def parse(cls, spec: str | tuple[str, str] | BackendSpec | dict[str, Any]) -> BackendSpec:
+        """From ``"URL"``, ``"URL=kind"``, ``(url, kind)``, a dict or a BackendSpec."""
+        if isinstance(spec, BackendSpec):
+            return spec
+        if isinstance(spec, dict):
+            return cls(**spec)
+        if isinstance(spec, tuple):
+            return cls(spec[0], spec[1])
+        url, sep, kind = spec.rpartition("=")
+        if sep and kind in BACKEND_KINDS:
+            return cls(url, kind)
+        return cls(spec)
+
+
+@dataclass
+class GatewayConfig:
+    """Everything the gateway can be told. Defaults suit a local run."""
+
+    backends: list[BackendSpec] = field(default_factory=list)
+    store: str = "sqlite::memory:"
+    admin_key: str | None = None
+    secret: str | None = None  # HMAC key for session tokens; generated when None
+    open: bool = False  # accept any session id as token (local development only)
+    public_url: str | None = None  # how agents reach the gateway (for base_url); default: bound url
+    max_body_bytes: int = 8 * 1024 * 1024
+    default_ttl: float = 3600.0
+    upstream_timeout: float = 600.0
+    connect_timeout: float = 10.0
+    health_interval: float = 5.0
+    pool_size: int = 1024
+    tune_gc: bool = False  # gc.freeze() + higher gen-0 threshold (the CLI turns it on)
+    wait_poll_interval: float = 0.5

@@ -1,0 +1,113 @@
+"""Prometheus text metrics for the gateway (no client library: a few counters and histograms)."""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+__all__ = ["GatewayMetrics"]
+
+_LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
+_COMMIT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1)
+
+
+class _Histogram:
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def render(self, name: str, help_text: str) -> list[str]:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        acc = 0
+        for bound, n in zip(self.bounds, self.counts):
+            acc += n
+            lines.append(f'{name}_bucket{{le="{bound}"}} {acc}')
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        lines.append(f"{name}_sum {self.total}")
+        lines.append(f"{name}_count {self.count}")
+        return lines
+
+
+class GatewayMetrics:
+    """Counters the gateway updates on its event loop; :meth:`render` gives Prometheus text."""
+
+    def __init__(self) -> None:
+        self.calls: defaultdict[tuple[str, str], int] = defaultdict(int)  # (endpoint, status)
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.errors: defaultdict[str, int] = defaultdict(int)
+        self.latency = _Histogram(_LATENCY_BUCKETS_S)
+        self.upstream_latency = _Histogram(_LATENCY_BUCKETS_S)
+        self.commit_latency = _Histogram(_COMMIT_BUCKETS_S)
+
+    def call(self, endpoint: str, status: str, prompt: int, completion: int) -> None:
+        """Count one captured call."""
+        self.calls[(endpoint, status)] += 1
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+
+    def error(self, kind: str) -> None:
+        """Count one refusal or failure by kind (e.g. ``unauthorized``, ``upstream_timeout``)."""
+        self.errors[kind] += 1
+
+    def render(self, active_sessions: int, in_flight: int) -> str:
+        """Prometheus exposition text."""
+        out = [
+            "# HELP rollwire_calls_total Captured model calls.",
+            "# TYPE rollwire_calls_total counter",
+        ]
+        for (endpoint, status), n in sorted(self.calls.items()):
+            out.append(f'rollwire_calls_total{{endpoint="{endpoint}",status="{status}"}} {n}')
+        out += [
+            "# HELP rollwire_tokens_total Captured tokens.",
+            "# TYPE rollwire_tokens_total counter",
+            f'rollwire_tokens_total{{kind="prompt"}} {self.prompt_tokens}',
+            f'rollwire_tokens_total{{kind="completion"}} {self.completion_tokens}',
+            "# HELP rollwire_errors_total Refused or failed requests by kind.",
+            "# TYPE rollwire_errors_total counter",
+        ]
+        for kind, n in sorted(self.errors.items()):
+            out.append(f'rollwire_errors_total{{kind="{kind}"}} {n}')
+        out += [
+            "# HELP rollwire_active_sessions Sessions with live state in this gateway.",
+            "# TYPE rollwire_active_sessions gauge",
+            f"rollwire_active_sessions {active_sessions}",
+            "# HELP rollwire_in_flight Data-plane calls in progress.",
+            "# TYPE rollwire_in_flight gauge",
+            f"rollwire_in_flight {in_flight}",
+        ]
+        out += self.latency.render(
+            "rollwire_call_latency_seconds", "Time from request to response, per call."
+        )
+        out += self.upstream_latency.render(
+            "rollwire_upstream_latency_seconds", "Time spent waiting for the backend."
+        )
+        out += self.commit_latency.render(
+            "rollwire_store_commit_seconds", "Time to commit a captured call to the store."
+        )
+        return "\n".join(out) + "\n"

@@ -1,0 +1,80 @@
+"""Sampling policy: whose parameters win, the session's (trainer) or the agent's, per key.
+
+``session`` (default): the session's value replaces the agent's; ``agent``: the agent's value wins
+when it sent one; ``min``: the smaller of the two (handy for ``max_tokens``). Guided decoding,
+``logit_bias`` and ``n > 1`` change the sampling distribution: such calls are flagged off-policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SAMPLING_KEYS", "apply_sampling", "off_policy_flags"]
+
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "logit_bias",
+    "min_tokens",
+)
+POLICIES = ("session", "agent", "min")
+
+
+def _merge(key: str, session_val: Any, agent_val: Any, policy: str) -> Any:
+    if agent_val is None:
+        return session_val
+    if policy == "agent":
+        return agent_val
+    if policy == "min":
+        try:
+            return min(session_val, agent_val)
+        except TypeError:
+            return session_val
+    return session_val
+
+
+def apply_sampling(
+    body: dict[str, Any],
+    session_sampling: dict[str, Any],
+    policy: dict[str, str],
+    allow_keys: tuple[str, ...] = SAMPLING_KEYS,
+) -> tuple[dict[str, Any], list[str]]:
+    """Apply the session's sampling to ``body`` in place; return ``(effective, flags)``."""
+    # max_completion_tokens is the newer OpenAI spelling of max_tokens: treat them as one key.
+    if "max_completion_tokens" in body:
+        mct = body.pop("max_completion_tokens")
+        if body.get("max_tokens") is None:
+            body["max_tokens"] = mct
+    for key, value in session_sampling.items():
+        if key == "max_completion_tokens":
+            key = "max_tokens"
+        body[key] = _merge(key, value, body.get(key), policy.get(key, "session"))
+    effective = {k: body[k] for k in allow_keys if body.get(k) is not None}
+    return effective, off_policy_flags(body)
+
+
+def off_policy_flags(body: dict[str, Any]) -> list[str]:
+    """Why a request samples from something other than the policy's distribution."""
+    flags: list[str] = []
+    if body.get("logit_bias"):
+        flags.append("logit_bias")
+    rf = body.get("response_format")
+    guided = isinstance(rf, dict) and rf.get("type") in ("json_schema", "json_object")
+    guided = guided or any(k.startswith("guided_") and body[k] is not None for k in body)
+    guided = guided or body.get("structured_outputs") is not None
+    if guided:
+        flags.append("guided_decoding")
+    n = body.get("n")
+    if isinstance(n, int) and n > 1:
+        flags.append("n>1")
+    return flags

@@ -1,0 +1,175 @@
+"""The store protocol: an append-only per-session log of model calls plus the session records.
+
+A call is durable when :meth:`Store.append_call` returns (the gateway answers the agent only
+after that). Prompts and messages are stored as deltas against earlier calls (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from rollwire.protocol import TERMINAL_STATUSES, ModelCall
+
+__all__ = [
+    "CompletionConflict",
+    "SessionExists",
+    "SessionNotFound",
+    "SessionRecord",
+    "Store",
+]
+
+
+class SessionNotFound(KeyError):
+    """No session with that id."""
+
+
+class SessionExists(ValueError):
+    """A session with that id exists already."""
+
+
+class CompletionConflict(ValueError):
+    """The session was completed already with a different outcome."""
+
+    def __init__(self, message: str, record: SessionRecord) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+@dataclass
+class SessionRecord:
+    """One session (= one rollout): its configuration, status, outcome and counters."""
+
+    session_id: str
+    group_id: str | None = None
+    task_id: str | None = None
+    status: str = "running"
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    sampling_policy: dict[str, str] = field(default_factory=dict)
+    capture: str = "passthrough"
+    allow_off_policy: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    expires_at: float | None = None
+    created_at: float = field(default_factory=time.time)
+    completed_at: float | None = None
+    num_calls: int = 0
+    num_tokens: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        """True once the session has a final status."""
+        return self.status in TERMINAL_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready."""
+        return asdict(self)
+
+    def info(self) -> dict[str, Any]:
+        """The public ``SessionInfo`` form of docs/control-api.md."""
+        return {
+            "session_id": self.session_id,
+            "group_id": self.group_id,
+            "task_id": self.task_id,
+            "status": self.status,
+            "reward": self.reward,
+            "metrics": self.metrics,
+            "error": self.error,
+            "metadata": self.metadata,
+            "sampling": self.sampling,
+            "capture": self.capture,
+            "created_at": self.created_at,
+            "completed_at": self.completed_at,
+            "num_calls": self.num_calls,
+            "num_tokens": self.num_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SessionRecord:
+        """Inverse of :meth:`to_dict` (unknown keys are ignored)."""
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the gateway needs of a store. Every method is safe to call concurrently."""
+
+    async def create_session(self, record: SessionRecord) -> SessionRecord:
+        """Persist a new session; raises :class:`SessionExists` when the id is taken."""
+        ...
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session's record, or None."""
+        ...
+
+    async def list_sessions(
+        self,
+        group_id: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+    ) -> list[SessionRecord]:
+        """Sessions, oldest first, optionally filtered by group and/or status."""
+        ...
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Remove a session and its calls; False when there was none."""
+        ...
+
+    async def append_call(self, call: ModelCall) -> ModelCall:
+        """Store ``call`` durably; assigns ``index``, ``parent_call_id``, ``shared_prefix_len``.
+
+        Also adds the call to the session's ``num_calls`` and its completion tokens to
+        ``num_tokens``. Raises :class:`SessionNotFound` for an unknown session.
+        """
+        ...
+
+    async def mark_superseded(self, session_id: str, call_id: str, by: str) -> None:
+        """Mark an earlier call non-trainable because ``by`` retried it (agent-side retry)."""
+        ...
+
+    async def calls(self, session_id: str) -> list[ModelCall]:
+        """The session's calls in index order, with full prompts and messages rebuilt."""
+        ...
+
+    async def complete(
+        self,
+        session_id: str,
+        *,
+        status: str = "completed",
+        reward: float | None = None,
+        metrics: dict[str, float] | None = None,
+        error: str | None = None,
+    ) -> tuple[SessionRecord, bool]:
+        """Set the terminal outcome; returns ``(record, changed)``.
+
+        Completing again with the same outcome is a no-op (``changed`` False); a different
+        outcome raises :class:`CompletionConflict`.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Flush and release resources."""
+        ...
+
+
+def same_outcome(
+    rec: SessionRecord,
+    status: str,
+    reward: float | None,
+    metrics: dict[str, float] | None,
+    error: str | None,
+) -> bool:
+    """True when a repeated completion matches the stored one (idempotent retry)."""
+    return (
+        rec.status == status
+        and rec.reward == reward
+        and (rec.metrics or {}) == (metrics or {})
+        and (error is None or rec.error == error)
+    )
