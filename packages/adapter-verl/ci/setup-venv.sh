@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Build (or reuse) .venv-verl: a pip venv with CPU torch + verl 0.9.1 for the verl adapter tests.
+# torch must never enter the uv workspace venv (.venv); this venv is separate on purpose.
+# Idempotent: when the venv already imports everything the tests need, it only reinstalls the
+# editable rollwire packages (cheap) and exits.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+VENV="${ROLLWIRE_VERL_VENV:-$ROOT/.venv-verl}"
+PY="$VENV/bin/python"
+TORCH_VERSION="${ROLLWIRE_TORCH_VERSION:-2.13.0}"
+VERL_VERSION="0.9.1"
+
+# verl goes in with --no-deps: its metadata pulls wandb, tensorboard, peft, accelerate, torchdata,
+# ... that DataProto, the agent-loop module and core_algos do not import. What they do import on
+# CPU is listed here, within verl 0.9.1's own pins (tensordict <=0.10, transformers <5.11).
+RUNTIME_DEPS=(
+  "tensordict>=0.8,!=0.9.0,<=0.10.0" "transformers>=5.5.3,!=5.6.0,<5.11" "ray" "omegaconf"
+  "hydra-core" "pillow" "codetiming" "datasets" "cachetools" "fastapi" "uvicorn" "numpy" "pandas"
+  "pyarrow" "dill"
+)
+TEST_DEPS=("pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "hypothesis>=6.100")
+
+log() { printf '[setup-venv] %s\n' "$*"; }
+t0=$SECONDS
+
+check_imports() {
+  "$PY" - <<'PY' 2>/dev/null
+import torch  # noqa
+from verl import DataProto  # noqa
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register  # noqa
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa
+import pytest, pytest_asyncio, pytest_timeout, hypothesis  # noqa
+PY
+}
+
+if [[ ! -x "$PY" ]]; then
+  log "creating $VENV"
+  python3 -m venv "$VENV"
+fi
+
+if check_imports; then
+  log "reusing $VENV (torch + verl import fine)"
+else
+  CONSTRAINTS="$(mktemp)"
+  trap 'rm -f "$CONSTRAINTS"' EXIT
+  echo "torch==$TORCH_VERSION" >"$CONSTRAINTS"
+  log "pip install torch==$TORCH_VERSION (CPU build from the configured find-links)"
+  "$PY" -m pip install -q "torch==$TORCH_VERSION"
+  log "pip install --no-deps verl==$VERL_VERSION"
+  "$PY" -m pip install -q --no-deps "verl==$VERL_VERSION"
+  log "pip install -c torch==$TORCH_VERSION ${RUNTIME_DEPS[*]} ${TEST_DEPS[*]}"
+  log "(pip then lists verl dependencies left out on purpose: wandb, tensorboard, peft, ...)"
+  "$PY" -m pip install -q -c "$CONSTRAINTS" "${RUNTIME_DEPS[@]}" "${TEST_DEPS[@]}"
+  if ! check_imports; then
+    log "verl still does not import; the error:"
+    "$PY" -c "from verl import DataProto; from verl.experimental.agent_loop import AgentLoopBase"
+    exit 1
+  fi
+fi
+
+editable_ok() {
+  "$PY" - "$ROOT" <<'PY' 2>/dev/null
+import sys, pathlib, rollwire, rollwire_verl
+root = pathlib.Path(sys.argv[1]).resolve()
+for mod in (rollwire, rollwire_verl):
+    assert root in pathlib.Path(mod.__file__).resolve().parents, mod.__file__
+PY
+}
+
+if editable_ok; then
+  log "rollwire + rollwire-verl already installed editable from $ROOT"
+else
+  log "pip install -c torch==$TORCH_VERSION -e packages/core -e packages/adapter-verl"
+  "$PY" -m pip install -q -c <(echo "torch==$TORCH_VERSION") \
+    -e "$ROOT/packages/core" -e "$ROOT/packages/adapter-verl"
+fi
+log "done in $((SECONDS - t0)) s: $("$PY" -c 'import torch, verl; print("torch", torch.__version__, "verl", verl.__version__)')"

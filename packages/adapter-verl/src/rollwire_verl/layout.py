@@ -1,0 +1,318 @@
+"""The padded batch layout verl trains on (DESIGN §9), built in NumPy from rollwire rows.
+
+Pure and framework-free: :func:`padded_arrays` returns NumPy arrays; :mod:`rollwire_verl.dataproto`
+wraps them in a ``verl.DataProto`` with one ``torch.from_numpy`` per tensor. Construction is
+vectorised: every [B, P] / [B, R] array is preallocated once and filled by row slices.
+
+Conventions (verl's own, from ``AgentLoopWorker._agent_loop_postprocess`` and
+``verl.utils.model.compute_position_id_with_mask``):
+
+- prompts are left-padded, responses right-padded, both with ``pad_token_id``;
+- ``position_ids = clip(cumsum(attention_mask) - 1, 0)``: left pads get 0, right pads repeat the
+  last real position;
+- the reward sits at the last non-pad response token of ``rm_scores``;
+- ``routed_experts[b, P - prompt_len + j]`` is the routing of token ``j`` of the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from rollwire.protocol import Group, Rollout, Row
+from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+
+__all__ = [
+    "RESERVED_NON_TENSOR_KEYS",
+    "OverlongPolicy",
+    "PaddedBatch",
+    "build_layout_rows",
+    "padded_arrays",
+]
+
+OverlongPolicy = Literal["truncate", "drop"]
+
+#: ``non_tensor_batch`` keys rollwire writes; a rollout metric may not use one of these names.
+RESERVED_NON_TENSOR_KEYS: frozenset[str] = frozenset(
+    {
+        "uid",
+        "__num_turns__",
+        "multi_modal_inputs",
+        "rollout_id",
+        "row_index",
+        "group_id",
+        "status",
+        "truncated",
+    }
+)
+
+
+@dataclass
+class PaddedBatch:
+    """NumPy form of a verl batch: ``tensors`` (dim 0 = rows), ``non_tensors``, ``meta_info``."""
+
+    tensors: dict[str, np.ndarray]
+    non_tensors: dict[str, np.ndarray]
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.tensors["input_ids"].shape[0])
+
+
+@dataclass
+class _Slot:
+    """One row as it will be placed: the kept slices of its prompt and response."""
+
+    row: Row
+    prompt: np.ndarray
+    response: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+    experts: np.ndarray | None
+    reward: float
+    truncated: bool
+
+
+def build_layout_rows(
+    batch: Iterable[Group | Rollout],
+    *,
+    mode: BuildMode = "merge",
+    tokenizer: TokenizerLike | None = None,
+) -> list[Row]:
+    """Training rows of ``batch`` (groups, or rollouts grouped by ``group_id``), in batch order."""
+    return TrajectoryBuilder(mode, tokenizer).build_many(batch)
+
+
+def _reward_of(row: Row, failed: bool, failure_reward: float) -> float:
+    if failed:
+        return float(failure_reward)
+    if row.reward is None:
+        raise ValueError(
+            f"rollout {row.rollout_id!r} is completed but has no reward; complete the session "
+            "with a reward, or mark it failed"
+        )
+    return float(row.reward)
+
+
+def _slots(
+    rows: Sequence[Row],
+    *,
+    max_prompt_length: int | None,
+    max_response_length: int | None,
+    overlong: OverlongPolicy,
+    include_failed: bool,
+    failure_reward: float,
+) -> tuple[list[_Slot], dict[str, int]]:
+    stats = {"rows": len(rows), "dropped": 0, "truncated": 0, "failed": 0, "excluded_failed": 0}
+    slots: list[_Slot] = []
+    for row in rows:
+        failed = row.status != "completed"
+        if failed:
+            stats["failed"] += 1
+            if not include_failed:
+                stats["excluded_failed"] += 1
+                continue
+        plen = row.prompt_len
+        rlen = row.input_ids.shape[0] - plen
+        too_long_p = max_prompt_length is not None and plen > max_prompt_length
+        too_long_r = max_response_length is not None and rlen > max_response_length
+        if (too_long_p or too_long_r) and overlong == "drop":
+            stats["dropped"] += 1
+            continue
+        # Truncate: the last max_prompt_length prompt tokens (the model sees the recent context) and
+        # the first max_response_length response tokens (what was sampled first stays aligned).
+        p_start = plen - max_prompt_length if too_long_p and max_prompt_length is not None else 0
+        r_keep = max_response_length if too_long_r and max_response_length is not None else rlen
+        prompt = row.input_ids[p_start:plen]
+        response = row.input_ids[plen : plen + r_keep]
+        mask = row.loss_mask[:r_keep]
+        logprobs = row.logprobs[:r_keep]
+        if failed:
+            mask = np.zeros_like(mask)
+            logprobs = np.zeros_like(logprobs)
+        experts = None
+        if row.routed_experts is not None:
+            # experts[j] is the routing of token j; keep the tokens that are kept.
+            experts = row.routed_experts[p_start : plen + r_keep]
+        truncated = bool(too_long_p or too_long_r)
+        stats["truncated"] += int(truncated)
+        slots.append(
+            _Slot(
+                row,
+                prompt,
+                response,
+                mask,
+                logprobs,
+                experts,
+                _reward_of(row, failed, failure_reward),
+                truncated,
+            )
+        )
+    return slots, stats
+
+
+def _object_array(values: Sequence[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = list(values)
+    return out
+
+
+def padded_arrays(
+    rows: Sequence[Row],
+    *,
+    pad_token_id: int = 0,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    overlong: OverlongPolicy = "truncate",
+    include_failed: bool = True,
+    failure_reward: float = 0.0,
+    routed_experts: bool | None = None,
+    reward_extra_keys: Sequence[str] | None = None,
+) -> PaddedBatch:
+    """The verl layout of ``rows`` as NumPy arrays (see the module docstring for conventions).
+
+    ``P``/``R`` are ``max_prompt_length``/``max_response_length`` when given, else the batch max.
+    ``overlong="truncate"`` keeps the last ``P`` prompt and first ``R`` response tokens;
+    ``"drop"`` leaves such rows out. Failed rollouts are kept with ``failure_reward`` and an
+    all-zero ``response_mask`` unless ``include_failed=False``. ``routed_experts=None`` adds the
+    tensor when any row has routing.
+    """
+    if overlong not in ("truncate", "drop"):
+        raise ValueError(f"overlong must be 'truncate' or 'drop', got {overlong!r}")
+    for name, limit in (
+        ("max_prompt_length", max_prompt_length),
+        ("max_response_length", max_response_length),
+    ):
+        if limit is not None and limit < 1:
+            raise ValueError(f"{name} must be a positive number of tokens, got {limit!r}")
+    if not rows:
+        raise ValueError("empty batch: no rows to convert (no rollouts, or none with usable calls)")
+    slots, stats = _slots(
+        rows,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
+        overlong=overlong,
+        include_failed=include_failed,
+        failure_reward=failure_reward,
+    )
+    if not slots:
+        raise ValueError(
+            f"no rows left to convert: {stats['dropped']} dropped as over-long, "
+            f"{stats['excluded_failed']} excluded as failed (of {stats['rows']} rows)"
+        )
+    b = len(slots)
+    plens = np.fromiter((s.prompt.shape[0] for s in slots), dtype=np.int64, count=b)
+    rlens = np.fromiter((s.response.shape[0] for s in slots), dtype=np.int64, count=b)
+    p = int(max_prompt_length) if max_prompt_length is not None else int(plens.max())
+    r = int(max_response_length) if max_response_length is not None else int(rlens.max())
+    p = max(p, 1)
+    r = max(r, 1)
+
+    input_ids = np.full((b, p + r), pad_token_id, dtype=np.int64)
+    response_mask = np.zeros((b, r), dtype=np.int64)
+    logprobs = np.zeros((b, r), dtype=np.float32)
+    for i, s in enumerate(slots):
+        pl, rl = s.prompt.shape[0], s.response.shape[0]
+        input_ids[i, p - pl : p] = s.prompt
+        input_ids[i, p : p + rl] = s.response
+        response_mask[i, :rl] = s.mask
+        logprobs[i, :rl] = s.logprobs
+
+    cols_p = np.arange(p, dtype=np.int64)
+    cols_r = np.arange(r, dtype=np.int64)
+    attention_mask = np.concatenate(
+        [cols_p[None, :] >= (p - plens)[:, None], cols_r[None, :] < rlens[:, None]], axis=1
+    ).astype(np.int64)
+    position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
+    rewards = np.fromiter((s.reward for s in slots), dtype=np.float32, count=b)
+    rm_scores = np.zeros((b, r), dtype=np.float32)
+    rm_scores[np.arange(b), np.maximum(rlens - 1, 0)] = rewards
+
+    tensors: dict[str, np.ndarray] = {
+        "prompts": input_ids[:, :p].copy(),
+        "responses": input_ids[:, p:].copy(),
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": response_mask,
+        "rollout_log_probs": logprobs,
+        "rm_scores": rm_scores,
+    }
+    with_experts = [s for s in slots if s.experts is not None]
+    if routed_experts is None:
+        routed_experts = bool(with_experts)
+    if routed_experts:
+        tensors["routed_experts"] = _place_experts(slots, p, r)
+
+    non_tensors = _non_tensors(slots, reward_extra_keys)
+    extra_keys = [k for k in non_tensors if k not in RESERVED_NON_TENSOR_KEYS]
+    meta_info: dict[str, Any] = {
+        "reward_extra_keys": extra_keys,
+        "metrics": [_row_metrics(s.row) for s in slots],
+        "rollwire": {
+            "dropped": stats["dropped"],
+            "truncated": stats["truncated"],
+            "failed": stats["failed"],
+            "excluded_failed": stats["excluded_failed"],
+        },
+    }
+    return PaddedBatch(tensors, non_tensors, meta_info)
+
+
+def _place_experts(slots: Sequence[_Slot], p: int, r: int) -> np.ndarray:
+    shapes = {s.experts.shape[1:] for s in slots if s.experts is not None}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"rows disagree on routed-experts shape [layers, top_k]: {sorted(shapes)}; a batch "
+            "must come from one model"
+        )
+    if not shapes:
+        raise ValueError("routed_experts=True but no row has routed experts")
+    layers, top_k = next(iter(shapes))
+    out = np.zeros((len(slots), p + r, layers, top_k), dtype=np.int16)
+    for i, s in enumerate(slots):
+        if s.experts is None:
+            continue
+        start = p - s.prompt.shape[0]
+        n = min(s.experts.shape[0], p + r - start)
+        out[i, start : start + n] = s.experts[:n]
+    return out
+
+
+def _row_metrics(row: Row) -> dict[str, float]:
+    # verl's AgentLoopManager reduces these keys from meta_info["metrics"] (one dict per row).
+    return {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1.0}
+
+
+def _non_tensors(slots: Sequence[_Slot], extra_keys: Sequence[str] | None) -> dict[str, np.ndarray]:
+    rows = [s.row for s in slots]
+    group_ids = [row.group_id if row.group_id is not None else row.rollout_id for row in rows]
+    out: dict[str, np.ndarray] = {
+        "uid": _object_array(group_ids),
+        "__num_turns__": np.fromiter((row.num_turns for row in rows), np.int32, count=len(rows)),
+        "multi_modal_inputs": _object_array([{} for _ in rows]),
+        "rollout_id": _object_array([row.rollout_id for row in rows]),
+        "row_index": np.fromiter((row.row_index for row in rows), np.int64, count=len(rows)),
+        "group_id": _object_array(group_ids),
+        "status": _object_array([row.status for row in rows]),
+        "truncated": np.fromiter((s.truncated for s in slots), np.bool_, count=len(rows)),
+    }
+    keys = (
+        list(extra_keys)
+        if extra_keys is not None
+        else sorted({k for row in rows for k in row.metrics})
+    )
+    for key in keys:
+        if key in RESERVED_NON_TENSOR_KEYS:
+            raise ValueError(
+                f"rollout metric {key!r} collides with a non_tensor_batch key rollwire writes; "
+                "rename the metric"
+            )
+        # A rollout without the metric (e.g. a failed one) reads 0.0, so verl can average it.
+        out[key] = np.fromiter(
+            (float(row.metrics.get(key, 0.0)) for row in rows), np.float64, count=len(rows)
+        )
+    return out
