@@ -1,0 +1,159 @@
+"""The agent's view of a rollout: the ``_rollwire`` key of the payload (DESIGN §7), and model clients.
+
+The same agent code serves production and training: :func:`openai_client` returns a client wired
+to the rollout session when the payload carries ``_rollwire`` and the production client otherwise.
+Light on purpose (agent containers import it): ``openai`` is imported only when a client is built.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = [
+    "PAYLOAD_KEY",
+    "RolloutContext",
+    "async_openai_client",
+    "openai_client",
+    "rollout_context",
+    "rollout_model",
+]
+
+#: The reserved payload key the trainer adds to a dataset row.
+PAYLOAD_KEY = "_rollwire"
+#: Retries of the OpenAI client inside a rollout; the gateway records them via
+#: ``x-stainless-retry-count`` so a retried call is not trained twice.
+ROLLOUT_MAX_RETRIES = 2
+_DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """Typed view of ``payload["_rollwire"]``: where the policy lives and where to report."""
+
+    session_id: str
+    base_url: str
+    api_key: str
+    complete_url: str
+    model: str = "policy"
+    sampling: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+    version: int = 1
+
+    def remaining(self, now: float | None = None) -> float | None:
+        """Seconds until the deadline (may be negative), or None when there is none."""
+        if self.deadline is None:
+            return None
+        return self.deadline - (time.time() if now is None else now)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The ``_rollwire`` dict this context was read from."""
+        return {
+            "version": self.version,
+            "session_id": self.session_id,
+            "base_url": self.base_url,
+            "api_key": self.api_key,
+            "model": self.model,
+            "sampling": dict(self.sampling),
+            "complete_url": self.complete_url,
+            "deadline": self.deadline,
+            "group_id": self.group_id,
+            "task_id": self.task_id,
+        }
+
+
+def rollout_context(payload: Any) -> RolloutContext | None:
+    """The rollout context in ``payload``, or None for a production request (no ``_rollwire``).
+
+    A ``_rollwire`` value that is present but malformed raises ``ValueError``: silently serving a
+    training rollout with the production model would train on the wrong data.
+    """
+    if not isinstance(payload, Mapping):
+        return None
+    raw = payload.get(PAYLOAD_KEY)
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"payload[{PAYLOAD_KEY!r}] must be an object, got {type(raw).__name__}")
+    missing = [k for k in ("session_id", "base_url", "api_key", "complete_url") if not raw.get(k)]
+    if missing:
+        raise ValueError(
+            f"payload[{PAYLOAD_KEY!r}] lacks {', '.join(missing)}; it must be built by "
+            "rollwire's RolloutClient (DESIGN §7)"
+        )
+    deadline = raw.get("deadline")
+    if deadline is not None:
+        deadline = float(deadline)
+        if not math.isfinite(deadline):
+            raise ValueError(f"payload[{PAYLOAD_KEY!r}]['deadline'] must be finite, got {deadline}")
+    sampling = raw.get("sampling") or {}
+    if not isinstance(sampling, Mapping):
+        raise ValueError(
+            f"payload[{PAYLOAD_KEY!r}]['sampling'] must be an object, got {sampling!r}"
+        )
+    return RolloutContext(
+        session_id=str(raw["session_id"]),
+        base_url=str(raw["base_url"]),
+        api_key=str(raw["api_key"]),
+        complete_url=str(raw["complete_url"]),
+        model=str(raw.get("model") or "policy"),
+        sampling=dict(sampling),
+        deadline=deadline,
+        group_id=None if raw.get("group_id") is None else str(raw["group_id"]),
+        task_id=None if raw.get("task_id") is None else str(raw["task_id"]),
+        version=int(raw.get("version") or 1),
+    )
+
+
+def rollout_model(payload: Any, default: str) -> str:
+    """The model name to request: the session's policy in a rollout, ``default`` in production."""
+    ctx = rollout_context(payload)
+    return ctx.model if ctx is not None else default
+
+
+def _session_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    # Keep harmless production settings (headers, http client), replace where the calls go.
+    kwargs = {
+        k: v
+        for k, v in production_kwargs.items()
+        if k not in ("base_url", "api_key", "organization", "project")
+    }
+    kwargs["base_url"] = ctx.base_url
+    kwargs["api_key"] = ctx.api_key
+    kwargs["max_retries"] = ROLLOUT_MAX_RETRIES
+    remaining = ctx.remaining()
+    timeout = (
+        _DEFAULT_TIMEOUT_S if remaining is None else max(1.0, min(_DEFAULT_TIMEOUT_S, remaining))
+    )
+    if "timeout" not in kwargs:
+        kwargs["timeout"] = timeout
+    return kwargs
+
+
+def openai_client(payload: Any, **production_kwargs: Any) -> openai.OpenAI:
+    """An ``openai.OpenAI`` client for this rollout session, or ``openai.OpenAI(**production_kwargs)``
+    when the payload has no ``_rollwire`` key."""
+    import openai
+
+    ctx = rollout_context(payload)
+    if ctx is None:
+        return openai.OpenAI(**production_kwargs)
+    return openai.OpenAI(**_session_kwargs(ctx, production_kwargs))
+
+
+def async_openai_client(payload: Any, **production_kwargs: Any) -> openai.AsyncOpenAI:
+    """The ``openai.AsyncOpenAI`` twin of :func:`openai_client`."""
+    import openai
+
+    ctx = rollout_context(payload)
+    if ctx is None:
+        return openai.AsyncOpenAI(**production_kwargs)
+    return openai.AsyncOpenAI(**_session_kwargs(ctx, production_kwargs))

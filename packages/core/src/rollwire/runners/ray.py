@@ -1,0 +1,113 @@
+"""Ray runner: each rollout is a Ray task that imports the agent app and runs its entrypoint.
+
+Install with ``pip install "rollwire[ray]"``; Ray is imported when the runner is built. Every
+worker must be able to import ``module:app`` (ship it in the image or a Ray ``runtime_env``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from rollwire.runners.base import RunnerError
+
+__all__ = ["RayRunner"]
+
+log = logging.getLogger(__name__)
+
+
+def _run_in_worker(app_path: str, payload: dict[str, Any], session_id: str) -> str:
+    # Runs inside a Ray worker: the whole rollout, terminal record included, happens here.
+    from rollwire.app import load_app
+
+    app = load_app(app_path)
+
+    async def _go() -> None:
+        try:
+            await app.run_rollout(payload, session_id)
+        finally:
+            await app.shutdown()
+
+    asyncio.run(_go())
+    return session_id
+
+
+class RayRunner:
+    """Submits one Ray task per rollout (``num_cpus`` each) that runs ``app_path``'s entrypoint.
+
+    ``address=None`` joins ``RAY_ADDRESS`` if set, else starts a local Ray; ``init_kwargs`` go to
+    ``ray.init`` (e.g. ``num_cpus=2``). The driver's ``sys.path`` is passed to workers so
+    examples importable here are importable there.
+    """
+
+    def __init__(
+        self,
+        app_path: str,
+        address: str | None = None,
+        *,
+        num_cpus: float = 0.5,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError(
+                'the Ray runner needs ray; install it with: pip install "rollwire[ray]"'
+            ) from exc
+        self._ray = ray
+        self.app_path = app_path
+        self._started_ray = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {
+                "address": address,
+                "ignore_reinit_error": True,
+                "log_to_driver": False,
+            }
+            kwargs.update(init_kwargs or {})
+            env = dict(kwargs.pop("runtime_env", None) or {})
+            env_vars = dict(env.get("env_vars") or {})
+            paths = [p for p in sys.path if p and os.path.isdir(p)]
+            env_vars.setdefault("PYTHONPATH", os.pathsep.join(paths))
+            env["env_vars"] = env_vars
+            kwargs["runtime_env"] = env
+            ray.init(**kwargs)
+            self._started_ray = True
+        self._remote = ray.remote(num_cpus=num_cpus, max_retries=0)(_run_in_worker)
+        self._refs: dict[str, Any] = {}
+
+    async def invoke(self, payload: Mapping[str, Any], session_id: str) -> None:
+        """Submit the rollout as a Ray task; returns once submitted."""
+        try:
+            ref = self._remote.remote(self.app_path, dict(payload), session_id)
+        except Exception as exc:
+            raise RunnerError(
+                f"could not submit the rollout to Ray: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._refs[session_id] = ref
+
+    async def release(self, session_id: str) -> None:
+        """Forget the task of a finished rollout, logging it if the worker itself crashed."""
+        ref = self._refs.pop(session_id, None)
+        if ref is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=10)
+        except Exception as exc:
+            log.warning(
+                "ray task of rollout %s ended with %s: %s", session_id, type(exc).__name__, exc
+            )
+
+    async def aclose(self) -> None:
+        """Cancel tasks still running; shut Ray down when this runner started it."""
+        for ref in self._refs.values():
+            try:
+                self._ray.cancel(ref)
+            except Exception:
+                pass
+        self._refs.clear()
+        if self._started_ray:
+            self._ray.shutdown()

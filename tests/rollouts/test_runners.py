@@ -1,0 +1,178 @@
+"""Each runner end to end against a real gateway and the scripted engine: local (see
+test_client.py), http, AgentCore (boto3 against a local stand-in of the InvokeAgentRuntime REST
+route), and Ray (a local ``ray.init``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from rollwire.app import SESSION_HEADER, RolloutApp
+from rollwire.client import RolloutClient
+from rollwire.protocol import Group
+from rollwire.runners import HttpRunner, LocalRunner, RateLimiter, RunnerError, make_runner
+from rollwire.runners.agentcore import AgentCoreRunner, runtime_session_id
+from rollwire.serving import ServerThread
+from rollwire.wordle import make_tasks
+from rollwire.wordle.agent_openai import app as wordle_app
+
+
+def _check_wordle(groups: list[Group], n_groups: int, group_size: int) -> None:
+    assert len(groups) == n_groups
+    for g in groups:
+        assert len(g.rollouts) == group_size
+        for r in g.rollouts:
+            assert r.status == "completed", r.error
+            assert r.reward is not None and r.reward > -1.0 and r.calls  # valid guesses were made
+
+
+def test_http_runner_round_robins_over_agents(stack: Any) -> None:
+    second = RolloutApp(failure_reward=-1.5)
+    second.rollout_entrypoint(wordle_app.handler)
+    with ServerThread(wordle_app) as a, ServerThread(second) as b:
+        client = RolloutClient(
+            stack,
+            runner=f"http:{a.url},{b.url}",
+            group_size=2,
+            sampling={"max_tokens": 48},
+            deadline=60,
+        )
+        _check_wordle(client.run(make_tasks(1, seed=11)), 1, 2)
+        assert wordle_app.completed >= 1 and second.completed >= 1
+
+
+async def test_http_runner_errors_are_infrastructure_errors() -> None:
+    runner = HttpRunner("127.0.0.1:1")  # nothing listens on port 1
+    assert runner.urls == ["http://127.0.0.1:1"]
+    with pytest.raises(RunnerError) as info:
+        await runner.invoke({"x": 1}, "s")
+    assert info.value.retryable
+    await runner.aclose()
+    app = RolloutApp()
+    app.rollout_entrypoint(lambda p: 1.0)
+    with ServerThread(app) as server:
+        runner = HttpRunner([server.url])
+        with pytest.raises(RunnerError) as info:
+            await runner.invoke({"_rollwire": {"session_id": "only"}}, "s")  # malformed: 400
+        assert not info.value.retryable
+        await runner.aclose()
+
+
+def test_make_runner_specs() -> None:
+    assert isinstance(make_runner("local", app=wordle_app), LocalRunner)
+    assert isinstance(make_runner("http:http://h:1,http://h:2"), HttpRunner)
+    with pytest.raises(ValueError, match="unknown runner"):
+        make_runner("carrier-pigeon")
+    with pytest.raises(ValueError, match="needs the agent app"):
+        make_runner("local")
+
+
+async def test_rate_limiter_spaces_acquisitions() -> None:
+    limiter = RateLimiter(50.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for _ in range(6):
+        await limiter.acquire()
+    assert loop.time() - t0 >= 0.09
+
+
+class AgentCoreStandIn:
+    """A LOCAL STAND-IN for the AgentCore data plane (not AWS): it serves the InvokeAgentRuntime
+    REST route ``POST /runtimes/{arn}/invocations?qualifier=...`` (and StopRuntimeSession) the way
+    boto3's ``bedrock-agentcore`` client calls it, and forwards each invocation to an agent
+    container (a RolloutApp) on its ``/invocations`` with the session header."""
+
+    def __init__(self, agent_url: str) -> None:
+        self.agent_url = agent_url
+        self.invocations: list[tuple[str, str, str]] = []
+        self.stopped: list[str] = []
+        self._lock = threading.Lock()
+        self.app = Starlette(
+            routes=[
+                Route("/runtimes/{arn:path}/invocations", self._invoke, methods=["POST"]),
+                Route("/runtimes/{arn:path}/stopruntimesession", self._stop, methods=["POST"]),
+            ]
+        )
+
+    async def _invoke(self, request: Request) -> Response:
+        sid = request.headers.get(SESSION_HEADER, "")
+        if len(sid) < 33:
+            return JSONResponse({"message": "runtimeSessionId too short"}, status_code=400)
+        with self._lock:
+            self.invocations.append(
+                (request.path_params["arn"], request.query_params.get("qualifier", ""), sid)
+            )
+        async with httpx.AsyncClient() as http:
+            resp = await http.post(
+                f"{self.agent_url}/invocations",
+                content=await request.body(),
+                headers={SESSION_HEADER: sid, "content-type": "application/json"},
+            )
+        return Response(
+            resp.content,
+            status_code=resp.status_code,
+            media_type="application/json",
+            headers={SESSION_HEADER: sid},
+        )
+
+    async def _stop(self, request: Request) -> Response:
+        sid = request.headers.get(SESSION_HEADER, "")
+        with self._lock:
+            self.stopped.append(sid)
+        return JSONResponse({}, headers={SESSION_HEADER: sid})
+
+
+def test_agentcore_runner_through_boto3_against_a_local_stand_in(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # dummy credentials for the local stand-in
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    arn = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/wordle-abc123"
+    with ServerThread(wordle_app) as agent:
+        standin = AgentCoreStandIn(agent.url)
+        with ServerThread(standin.app) as aws:
+            runner = AgentCoreRunner(
+                arn, "us-east-1", endpoint_url=aws.url, qualifier="DEFAULT", tps=20
+            )
+            client = RolloutClient(
+                stack, runner=runner, group_size=2, sampling={"max_tokens": 48}, deadline=60
+            )
+            groups = client.run(make_tasks(1, seed=12))
+            asyncio.run(runner.aclose())
+    _check_wordle(groups, 1, 2)
+    assert [(a, q) for a, q, _ in standin.invocations] == [(arn, "DEFAULT")] * 2
+    sids = {r.rollout_id for r in groups[0].rollouts}
+    assert {s for _, _, s in standin.invocations} == {runtime_session_id(s) for s in sids}
+    assert sorted(standin.stopped) == sorted(
+        runtime_session_id(s) for s in sids
+    )  # sessions released
+    assert all(len(runtime_session_id(s)) >= 33 for s in sids)
+
+
+@pytest.mark.timeout(120)
+def test_ray_runner_runs_rollouts_as_ray_tasks(stack: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    # Under `uv run`, Ray would package the working tree and start every worker through uv.
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    from rollwire.runners.ray import RayRunner
+
+    runner = RayRunner(
+        "rollwire.wordle.agent_openai:app", init_kwargs={"num_cpus": 2, "include_dashboard": False}
+    )
+    try:
+        client = RolloutClient(
+            stack, runner=runner, group_size=2, sampling={"max_tokens": 48}, deadline=90
+        )
+        _check_wordle(client.run(make_tasks(1, seed=13)), 1, 2)
+    finally:
+        asyncio.run(runner.aclose())
