@@ -2,6 +2,11 @@
 
     uv run --frozen python benchmarks/gateway.py --requests 2000          # quick (< 2 min)
     uv run --frozen python benchmarks/gateway.py --requests 10000 --skip-rllm
+    uv run --frozen python benchmarks/gateway.py --big-db-gb 1 --skip-rllm  # p50/p99 on a >1 GB file
+    uv run --frozen python benchmarks/gateway.py --rss-calls 100000 --skip-rllm  # RSS after N calls
+
+``--big-db-gb`` and ``--rss-calls`` run only their phase (add ``--main`` for the comparison too).
+Every run ends with a "targets" block: met / not met for each target, with the measured value.
 
 Every server runs in its own process: a null backend answering instantly with a fixed vLLM-shaped
 body (~512 prompt ids, 64 completion ids with log-probs), the rollwire gateway (SQLite capture) and
@@ -160,6 +165,9 @@ def loadgen_main(spec_path: str) -> None:
         uvloop.install()
     except ImportError:
         pass
+    if spec.get("mode") == "rss":
+        print(json.dumps(asyncio.run(_rss_load(spec))))
+        return
     out = asyncio.run(
         _load(spec["urls"], spec["body"].encode(), spec["n"], spec["concurrency"], spec["headers"])
     )
@@ -215,9 +223,9 @@ def start_rollwire(tmp: Path, backend_url: str, name: str) -> tuple[Proc, str, s
     return proc, f"http://127.0.0.1:{port}", key
 
 
-def rollwire_sessions(url: str, key: str, k: int) -> list[str]:
+def rollwire_sessions(url: str, key: str, k: int, group: str = "bench") -> list[str]:
     return [
-        http_json("POST", url + "/api/sessions", {"group_id": "bench"}, key)["base_url"]
+        http_json("POST", url + "/api/sessions", {"group_id": group}, key)["base_url"]
         + "/chat/completions"
         for _ in range(k)
     ]
@@ -275,6 +283,357 @@ def start_rllm(py: Path, tmp: Path, backend_url: str, name: str) -> tuple[Proc, 
     return proc, f"http://127.0.0.1:{port}", db
 
 
+# ----------------------------------------------------------------------------- measuring
+def compare(
+    targets: dict[str, dict[str, Any]],
+    urls: Any,
+    levels: list[int],
+    requests: int,
+    rounds: int,
+    body: bytes,
+) -> list[dict[str, Any]]:
+    """Alternate the targets round by round at each concurrency level; one row per (target,
+    level). ``urls(c)`` gives ``{target: (urls, headers)}``; "direct" is the baseline."""
+    rows = []
+    for c in levels:
+        stats: dict[str, dict[str, Any]] = {
+            t: {"lat": [], "wall": 0.0, "cpu": 0.0, "n": 0, "errors": 0} for t in targets
+        }
+        level_urls = urls(c)
+        per_round = max(1, requests // rounds)
+        for _ in range(rounds):
+            for t in targets:
+                pid = targets[t]["pid"]
+                cpu0 = cpu_seconds(pid)
+                res = run_load(level_urls[t][0], level_urls[t][1], body, per_round, c)
+                st = stats[t]
+                st["cpu"] += cpu_seconds(pid) - cpu0
+                st["lat"] += res["lat"]
+                st["wall"] += res["wall"]
+                st["n"] += len(res["lat"])
+                st["errors"] += res["errors"]
+                targets[t]["sent"] = targets[t].get("sent", 0) + res["sent"]
+        base50, base99 = pct(stats["direct"]["lat"], 0.5), pct(stats["direct"]["lat"], 0.99)
+        for t, st in stats.items():
+            p50, p99 = pct(st["lat"], 0.5), pct(st["lat"], 0.99)
+            rows.append(
+                {
+                    "target": t,
+                    "c": c,
+                    "rps": st["n"] / st["wall"],
+                    "p50_ms": p50 * 1e3,
+                    "p99_ms": p99 * 1e3,
+                    "added_p50_ms": (p50 - base50) * 1e3 if t != "direct" else 0.0,
+                    "added_p99_ms": (p99 - base99) * 1e3 if t != "direct" else 0.0,
+                    "cpu_us": st["cpu"] / max(1, st["n"]) * 1e6,
+                    "errors": st["errors"],
+                }
+            )
+    return rows
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'target':<20}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'+p50 ms':>9}{'+p99 ms':>9}{'CPU us/call':>13}{'errors':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['target']:<20}{r['c']:>5}{r['rps']:>9.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
+            f"{r['added_p50_ms']:>9.3f}{r['added_p99_ms']:>9.3f}{r['cpu_us']:>13.0f}"
+            f"{r['errors']:>8}"
+        )
+
+
+def captured_calls(url: str, key: str, group: str) -> int:
+    sessions = http_json("GET", f"{url}/api/sessions?group_id={group}", key=key)["sessions"]
+    return sum(s["num_calls"] for s in sessions)
+
+
+def start_null(procs: list[Proc]) -> str:
+    nport = free_port()
+    null = Proc(
+        "null",
+        [sys.executable, "-m", "rollwire.gateway.null_backend", "--fixed", "--port", str(nport)],
+        f"http://127.0.0.1:{nport}/health",
+    )
+    procs.append(null)
+    return f"http://127.0.0.1:{nport}"
+
+
+# ----------------------------------------------------------------------------- big database
+def grow_db(path: Path, gb: float) -> float:
+    """Pre-grow a rollwire SQLite file past ``gb`` GB with synthetic completed sessions
+    (4 calls each, ~4 KB a call: 3 KB of new prompt ids, 256 B ids, 256 B log-probs, 300 B
+    messages), by bulk SQL without a journal. Returns the file size in GB."""
+    from rollwire.store.sqlite import _SCHEMA
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=OFF")
+    conn.execute("PRAGMA synchronous=OFF")
+    conn.executescript(_SCHEMA)
+    row_bytes = 3000 + 256 + 256 + 300 + 120
+    n_calls = int(gb * 1024**3 / row_bytes * 1.08)
+    n_sessions = n_calls // 4 + 1
+    chunk = 50_000
+    conn.execute("BEGIN")
+    for lo in range(0, n_sessions, chunk):
+        hi = min(n_sessions, lo + chunk)
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)"
+            " INSERT INTO sessions (session_id, group_id, task_id, status, created_at,"
+            " num_calls, num_tokens, data) SELECT printf('big-%09d', i), 'big', NULL,"
+            " 'completed', 0.0, 4, 256, '{}' FROM n",
+            (lo, hi),
+        )
+    for lo in range(0, n_calls, chunk):
+        hi = min(n_calls, lo + chunk)
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)"
+            " INSERT INTO calls (session_id, idx, call_id, parent_call_id, shared_prefix_len,"
+            " new_prompt, completion, logprobs, experts, shared_messages, new_messages, meta)"
+            " SELECT printf('big-%09d', i / 4), i % 4, printf('bigc%010d', i), NULL, 0,"
+            " randomblob(3000), randomblob(256), randomblob(256), NULL, 0, randomblob(300),"
+            ' \'{"status":"ok"}\' FROM n',
+            (lo, hi),
+        )
+    conn.execute("COMMIT")
+    conn.close()
+    return path.stat().st_size / 1024**3
+
+
+def big_db_phase(
+    args: argparse.Namespace, tmp: Path, procs: list[Proc], body: bytes
+) -> dict[str, Any]:
+    null_url = start_null(procs)
+    db = tmp / "rollwire-big.sqlite"
+    t = time.perf_counter()
+    size = grow_db(db, args.big_db_gb)
+    print(f"\nbig database: grew {db.name} to {size:.2f} GB in {time.perf_counter() - t:.0f}s")
+    rw, rw_url, key = start_rollwire(tmp, null_url, "rollwire-big")
+    procs.append(rw)
+    targets: dict[str, dict[str, Any]] = {
+        "direct": {"pid": procs[-2].pid},
+        "rollwire-bigdb": {"pid": rw.pid},
+    }
+    hdr = [{"content-type": "application/json"}]
+
+    def urls(c: int) -> dict[str, tuple[list[str], list[dict[str, str]]]]:
+        return {
+            "direct": ([null_url + "/v1/chat/completions"], hdr),
+            "rollwire-bigdb": (rollwire_sessions(rw_url, key, c, group="bigbench"), hdr),
+        }
+
+    rows = compare(targets, urls, [1, 64], args.big_db_requests, args.rounds, body)
+    time.sleep(1.0)
+    captured = captured_calls(rw_url, key, "bigbench")
+    sent = targets["rollwire-bigdb"]["sent"]
+    size = sum(p.stat().st_size for p in tmp.glob("rollwire-big.sqlite*")) / 1024**3
+    print(f"\nagainst a {size:.2f} GB SQLite file (file + WAL after the run):")
+    print_rows(rows)
+    print(f"rollwire-bigdb: captured {captured} of {sent} sent")
+    return {"rows": rows, "captured": captured, "sent": sent, "size_gb": size}
+
+
+# ----------------------------------------------------------------------------- RSS
+async def _rss_load(spec: dict[str, Any]) -> dict[str, Any]:
+    """Sessions of ``per_session`` calls each, created through /api and completed with their
+    own token when done; ``concurrency`` sessions at a time until ``calls`` calls were sent."""
+    import aiohttp
+
+    api, key, body = spec["api"], spec["key"], spec["body"].encode()
+    n_sessions = -(-spec["calls"] // spec["per_session"])
+    todo = iter(range(n_sessions))
+    sent = errors = 0
+    admin = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def worker() -> None:
+            nonlocal sent, errors
+            for i in todo:
+                async with http.post(
+                    api + "/api/sessions", data=b'{"group_id": "rss"}', headers=admin
+                ) as r:
+                    h = await r.json()
+                url = h["base_url"] + "/chat/completions"
+                k = min(spec["per_session"], spec["calls"] - i * spec["per_session"])
+                for _ in range(k):
+                    async with http.post(
+                        url, data=body, headers={"content-type": "application/json"}
+                    ) as r:
+                        await r.read()
+                        sent += 1
+                        errors += r.status != 200
+                async with http.post(
+                    h["complete_url"],
+                    data=b'{"reward": 1.0}',
+                    headers={
+                        "authorization": f"Bearer {h['token']}",
+                        "content-type": "application/json",
+                    },
+                ) as r:
+                    await r.read()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(spec["concurrency"])))
+    return {"sent": sent, "errors": errors, "wall": time.perf_counter() - t0}
+
+
+def rss_phase(
+    args: argparse.Namespace, tmp: Path, procs: list[Proc], body: bytes
+) -> dict[str, Any]:
+    null_url = start_null(procs)
+    rw, rw_url, key = start_rollwire(tmp, null_url, "rollwire-rss")
+    procs.append(rw)
+    # Warm up (imports, pools, caches) before the "before" reading.
+    warm = _spawn_loadgen(
+        {
+            "mode": "rss",
+            "api": rw_url,
+            "key": key,
+            "body": body.decode(),
+            "calls": 640,
+            "per_session": 20,
+            "concurrency": 64,
+        }
+    )
+    rss0 = rss_mb(rw.pid)
+    cpu0 = cpu_seconds(rw.pid)
+    res = _spawn_loadgen(
+        {
+            "mode": "rss",
+            "api": rw_url,
+            "key": key,
+            "body": body.decode(),
+            "calls": args.rss_calls,
+            "per_session": 20,
+            "concurrency": 64,
+        }
+    )
+    cpu = cpu_seconds(rw.pid) - cpu0
+    time.sleep(1.0)
+    rss1 = rss_mb(rw.pid)
+    captured = captured_calls(rw_url, key, "rss")
+    sent = res["sent"] + warm["sent"]
+    print(
+        f"\nRSS: {res['sent']} calls in {res['wall']:.0f}s ({res['sent'] / res['wall']:.0f}/s, "
+        f"{cpu / max(1, res['sent']) * 1e6:.0f} us CPU/call) over sessions of 20 calls at "
+        f"concurrency 64: gateway RSS {rss0:.0f} MB -> {rss1:.0f} MB; captured {captured} of "
+        f"{sent} sent; errors {res['errors'] + warm['errors']}"
+    )
+    return {"rss0": rss0, "rss1": rss1, "calls": res["sent"], "captured": captured, "sent": sent}
+
+
+def _spawn_loadgen(spec: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        res = subprocess.run(
+            [sys.executable, __file__, "--loadgen", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        os.unlink(f.name)
+    return dict(json.loads(res.stdout))
+
+
+# ----------------------------------------------------------------------------- targets
+def targets_block(
+    main_rows: list[dict[str, Any]] | None,
+    main_lost: tuple[int, int] | None,
+    rllm: bool,
+    big: dict[str, Any] | None,
+    rss: dict[str, Any] | None,
+) -> None:
+    """Met / not met for each target of issue 4, with the measured value."""
+    out: list[tuple[str, str, str]] = []
+
+    def row(rows: list[dict[str, Any]] | None, target: str, c: int) -> dict[str, Any] | None:
+        for r in rows or ():
+            if r["target"] == target and r["c"] == c:
+                return r
+        return None
+
+    def add(name: str, ok: bool | None, value: str) -> None:
+        out.append((name, "not measured" if ok is None else "MET" if ok else "NOT MET", value))
+
+    r1 = row(main_rows, "rollwire", 1)
+    if r1 is not None:
+        add(
+            "added p50 <= 1 ms at concurrency 1",
+            r1["added_p50_ms"] <= 1.0,
+            f"{r1['added_p50_ms']:.2f} ms",
+        )
+    else:
+        add("added p50 <= 1 ms at concurrency 1", None, "run without --big-db-gb/--rss-calls")
+    r64, l64 = row(main_rows, "rollwire", 64), row(main_rows, "rllm-model-gateway", 64)
+    if r64 is not None and l64 is not None:
+        ratio = r64["rps"] / l64["rps"]
+        add(
+            "throughput at 64 >= 10x rllm-model-gateway",
+            ratio >= 10,
+            f"{r64['rps']:.0f} vs {l64['rps']:.0f} req/s = {ratio:.1f}x",
+        )
+    else:
+        add("throughput at 64 >= 10x rllm-model-gateway", None, "needs the main run with rllm")
+    hi = [r for r in main_rows or () if r["target"] == "rollwire" and r["c"] >= 16]
+    if hi:
+        worst = max(r["cpu_us"] for r in hi)
+        add(
+            "server CPU <= 500 us/call at concurrency >= 16",
+            worst <= 500,
+            ", ".join(f"{r['cpu_us']:.0f} us at {r['c']}" for r in hi),
+        )
+    else:
+        add("server CPU <= 500 us/call at concurrency >= 16", None, "")
+    if r1 is not None:
+        add(
+            "server CPU <= 650 us/call at concurrency 1",
+            r1["cpu_us"] <= 650,
+            f"{r1['cpu_us']:.0f} us",
+        )
+    else:
+        add("server CPU <= 650 us/call at concurrency 1", None, "")
+    for label, rows, tname in (
+        ("", main_rows, "rollwire"),
+        (" (>1 GB db)", big["rows"] if big else None, "rollwire-bigdb"),
+    ):
+        for c, limit in ((64, 100.0), (1, 20.0)):
+            r = row(rows, tname, c)
+            name = f"p99 <= {limit:.0f} ms at concurrency {c}{label}"
+            if r is None:
+                add(name, None, "")
+            else:
+                add(name, r["p99_ms"] <= limit, f"{r['p99_ms']:.1f} ms")
+    lost: list[str] = []
+    ok_lost: bool | None = None
+    for what, pair in (
+        ("main", main_lost),
+        ("big db", (big["captured"], big["sent"]) if big else None),
+        ("rss", (rss["captured"], rss["sent"]) if rss else None),
+    ):
+        if pair is not None:
+            lost.append(f"{what}: {pair[0]} of {pair[1]}")
+            ok_lost = (ok_lost is not False) and pair[0] == pair[1]
+    add("zero calls lost (captured == sent)", ok_lost, "; ".join(lost))
+    if rss is not None:
+        add(
+            f"gateway RSS < 150 MB after {rss['calls']} calls",
+            rss["rss1"] < 150,
+            f"{rss['rss0']:.0f} MB -> {rss['rss1']:.0f} MB",
+        )
+    else:
+        add("gateway RSS < 150 MB after 100k calls", None, "use --rss-calls 100000")
+    print("\ntargets (issue 4):")
+    width = max(len(n) for n, _, _ in out)
+    for name, verdict, value in out:
+        print(f"  {name:<{width}}  {verdict:<13} {value}")
+    if not rllm:
+        print("  (rllm-model-gateway not run: the 10x throughput target needs it)")
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(
@@ -285,138 +644,119 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per level")
     ap.add_argument("--skip-rllm", action="store_true")
     ap.add_argument("--turns", type=int, default=40)
+    ap.add_argument(
+        "--big-db-gb",
+        type=float,
+        default=0.0,
+        help="pre-grow a rollwire SQLite file past this many GB, then measure c=1 and c=64",
+    )
+    ap.add_argument("--big-db-requests", type=int, default=6000, help="per level, big-db phase")
+    ap.add_argument(
+        "--rss-calls", type=int, default=0, help="drive this many calls and report gateway RSS"
+    )
+    ap.add_argument(
+        "--main",
+        action="store_true",
+        help="also run the main comparison when --big-db-gb or --rss-calls is given",
+    )
     ap.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.loadgen:
         loadgen_main(args.loadgen)
         return
     levels = [int(x) for x in args.concurrency.split(",")]
+    run_main = args.main or not (args.big_db_gb or args.rss_calls)
     tmpdir = tempfile.TemporaryDirectory(prefix="rollwire-bench-")
     tmp = Path(tmpdir.name)
     procs: list[Proc] = []
+    body = json.dumps(request_body()).encode()
+    print(
+        f"request body: {len(body)} bytes, {len(request_body()['messages'])} messages; "
+        f"{args.requests} requests per target per level; cpus={os.cpu_count()}"
+    )
+    rows: list[dict[str, Any]] | None = None
+    lost: tuple[int, int] | None = None
+    big = rss = None
+    rllm_py = None
     try:
-        rllm_py = None if args.skip_rllm else install_rllm(tmp)
-        nport = free_port()
-        null = Proc(
-            "null",
-            [
-                sys.executable,
-                "-m",
-                "rollwire.gateway.null_backend",
-                "--fixed",
-                "--port",
-                str(nport),
-            ],
-            f"http://127.0.0.1:{nport}/health",
-        )
-        procs.append(null)
-        null_url = f"http://127.0.0.1:{nport}"
-        rw, rw_url, key = start_rollwire(tmp, null_url, "rollwire")
-        procs.append(rw)
-        targets: dict[str, dict[str, Any]] = {
-            "direct": {"pid": null.pid, "sent": 0},
-            "rollwire": {"pid": rw.pid, "sent": 0, "rss0": rss_mb(rw.pid)},
-        }
-        if rllm_py is not None:
-            rl, rl_url, _ = start_rllm(rllm_py, tmp, null_url, "rllm")
-            procs.append(rl)
-            targets["rllm-model-gateway"] = {
-                "pid": rl.pid,
-                "sent": 0,
-                "rss0": rss_mb(rl.pid),
-                "url": rl_url,
-            }
-        body = json.dumps(request_body()).encode()
-        print(
-            f"request body: {len(body)} bytes, {len(request_body()['messages'])} messages; "
-            f"{args.requests} requests per target per level; cpus={os.cpu_count()}"
-        )
-        rows = []
-        for c in levels:
-            stats: dict[str, dict[str, Any]] = {
-                t: {"lat": [], "wall": 0.0, "cpu": 0.0, "n": 0, "errors": 0} for t in targets
-            }
-            urls: dict[str, tuple[list[str], list[dict[str, str]]]] = {
-                "direct": (
-                    [null_url + "/v1/chat/completions"],
-                    [{"content-type": "application/json"}],
-                ),
-                "rollwire": (
-                    rollwire_sessions(rw_url, key, c),
-                    [{"content-type": "application/json"}],
-                ),
-            }
-            if "rllm-model-gateway" in targets:
-                base = targets["rllm-model-gateway"]["url"]
-                urls["rllm-model-gateway"] = (
-                    [f"{base}/sessions/bench-{c}-{i}/v1/chat/completions" for i in range(c)],
-                    [{"content-type": "application/json"}],
-                )
-            per_round = max(1, args.requests // args.rounds)
-            for _ in range(args.rounds):
-                for t in targets:
-                    pid = targets[t]["pid"]
-                    cpu0 = cpu_seconds(pid)
-                    res = run_load(urls[t][0], urls[t][1], body, per_round, c)
-                    st = stats[t]
-                    st["cpu"] += cpu_seconds(pid) - cpu0
-                    st["lat"] += res["lat"]
-                    st["wall"] += res["wall"]
-                    st["n"] += len(res["lat"])
-                    st["errors"] += res["errors"]
-                    targets[t]["sent"] += res["sent"]
-            base50, base99 = pct(stats["direct"]["lat"], 0.5), pct(stats["direct"]["lat"], 0.99)
-            for t, st in stats.items():
-                p50, p99 = pct(st["lat"], 0.5), pct(st["lat"], 0.99)
-                rows.append(
-                    {
-                        "target": t,
-                        "c": c,
-                        "rps": st["n"] / st["wall"],
-                        "p50_ms": p50 * 1e3,
-                        "p99_ms": p99 * 1e3,
-                        "added_p50_ms": (p50 - base50) * 1e3 if t != "direct" else 0.0,
-                        "added_p99_ms": (p99 - base99) * 1e3 if t != "direct" else 0.0,
-                        "cpu_us": st["cpu"] / max(1, st["n"]) * 1e6,
-                        "errors": st["errors"],
-                    }
-                )
-        # Captured vs sent.
-        time.sleep(1.0)
-        sessions = http_json("GET", rw_url + "/api/sessions?group_id=bench", key=key)["sessions"]
-        targets["rollwire"]["captured"] = sum(s["num_calls"] for s in sessions)
-        targets["rollwire"]["rss1"] = rss_mb(rw.pid)
-        if "rllm-model-gateway" in targets:
-            base = targets["rllm-model-gateway"]["url"]
-            http_json("POST", base + "/admin/flush", {})
-            sess = http_json("GET", base + "/sessions")
-            targets["rllm-model-gateway"]["captured"] = sum(s.get("trace_count", 0) for s in sess)
-            targets["rllm-model-gateway"]["rss1"] = rss_mb(targets["rllm-model-gateway"]["pid"])
-
-        print()
-        print(
-            f"{'target':<20}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-            f"{'+p50 ms':>9}{'+p99 ms':>9}{'CPU us/call':>13}{'errors':>8}"
-        )
-        for r in rows:
-            print(
-                f"{r['target']:<20}{r['c']:>5}{r['rps']:>9.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
-                f"{r['added_p50_ms']:>9.3f}{r['added_p99_ms']:>9.3f}{r['cpu_us']:>13.0f}"
-                f"{r['errors']:>8}"
-            )
-        print()
-        for t in ("rollwire", "rllm-model-gateway"):
-            if t in targets:
-                d = targets[t]
-                print(
-                    f"{t}: captured {d['captured']} of {d['sent']} sent; RSS "
-                    f"{d['rss0']:.0f} MB -> {d['rss1']:.0f} MB"
-                )
-        storage(tmp, rllm_py, args.turns, procs)
+        if run_main:
+            rllm_py = None if args.skip_rllm else install_rllm(tmp)
+            rows, lost = main_phase(args, levels, tmp, procs, body, rllm_py)
+        if args.big_db_gb:
+            big = big_db_phase(args, tmp, procs, body)
+        if args.rss_calls:
+            rss = rss_phase(args, tmp, procs, body)
+        if run_main:
+            storage(tmp, rllm_py, args.turns, procs)
     finally:
         for p in reversed(procs):
             p.stop()
         tmpdir.cleanup()
+    targets_block(rows, lost, rllm_py is not None, big, rss)
+
+
+def main_phase(
+    args: argparse.Namespace,
+    levels: list[int],
+    tmp: Path,
+    procs: list[Proc],
+    body: bytes,
+    rllm_py: Path | None,
+) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+    null_url = start_null(procs)
+    null = procs[-1]
+    rw, rw_url, key = start_rollwire(tmp, null_url, "rollwire")
+    procs.append(rw)
+    targets: dict[str, dict[str, Any]] = {
+        "direct": {"pid": null.pid, "sent": 0},
+        "rollwire": {"pid": rw.pid, "sent": 0, "rss0": rss_mb(rw.pid)},
+    }
+    if rllm_py is not None:
+        rl, rl_url, _ = start_rllm(rllm_py, tmp, null_url, "rllm")
+        procs.append(rl)
+        targets["rllm-model-gateway"] = {
+            "pid": rl.pid,
+            "sent": 0,
+            "rss0": rss_mb(rl.pid),
+            "url": rl_url,
+        }
+    hdr = [{"content-type": "application/json"}]
+
+    def urls(c: int) -> dict[str, tuple[list[str], list[dict[str, str]]]]:
+        out = {
+            "direct": ([null_url + "/v1/chat/completions"], hdr),
+            "rollwire": (rollwire_sessions(rw_url, key, c), hdr),
+        }
+        if "rllm-model-gateway" in targets:
+            base = targets["rllm-model-gateway"]["url"]
+            out["rllm-model-gateway"] = (
+                [f"{base}/sessions/bench-{c}-{i}/v1/chat/completions" for i in range(c)],
+                hdr,
+            )
+        return out
+
+    rows = compare(targets, urls, levels, args.requests, args.rounds, body)
+    # Captured vs sent.
+    time.sleep(1.0)
+    targets["rollwire"]["captured"] = captured_calls(rw_url, key, "bench")
+    targets["rollwire"]["rss1"] = rss_mb(rw.pid)
+    if "rllm-model-gateway" in targets:
+        base = targets["rllm-model-gateway"]["url"]
+        http_json("POST", base + "/admin/flush", {})
+        sess = http_json("GET", base + "/sessions")
+        targets["rllm-model-gateway"]["captured"] = sum(s.get("trace_count", 0) for s in sess)
+        targets["rllm-model-gateway"]["rss1"] = rss_mb(targets["rllm-model-gateway"]["pid"])
+    print()
+    print_rows(rows)
+    print()
+    for t in ("rollwire", "rllm-model-gateway"):
+        if t in targets:
+            d = targets[t]
+            print(
+                f"{t}: captured {d['captured']} of {d['sent']} sent; RSS "
+                f"{d['rss0']:.0f} MB -> {d['rss1']:.0f} MB"
+            )
+    return rows, (targets["rollwire"]["captured"], targets["rollwire"]["sent"])
 
 
 def storage(tmp: Path, rllm_py: Path | None, turns: int, procs: list[Proc]) -> None:

@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -33,6 +33,12 @@ from rollwire.gateway.errors import GatewayError, error_body, error_response
 from rollwire.gateway.metrics import GatewayMetrics
 from rollwire.gateway.sampling import apply_sampling
 from rollwire.gateway.security import TokenError, TokenSigner, new_secret
+from rollwire.gateway.upstream import (
+    UpstreamBrokenError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+)
 from rollwire.protocol import ModelCall
 from rollwire.store import SessionRecord, Store, open_store
 
@@ -47,18 +53,50 @@ _COMPLETIONS = "/v1/completions"
 _MODELS = "/v1/models"
 _LOGPROBS_MODE = {"vllm": "raw", "sglang": "processed"}
 _MAX_ATTEMPT_HASHES = 8
+_UPSTREAM_HEADERS = b"Content-Type: application/json\r\nX-Session-ID: "
+
+ASGIResponse = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+class RawResponse:
+    """A complete response body sent as two ASGI messages (no header objects on the hot path)."""
+
+    __slots__ = ("body", "content_type", "status")
+
+    def __init__(self, body: bytes, status: int = 200, content_type: bytes = b"application/json"):
+        self.body = body
+        self.status = status
+        self.content_type = content_type
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.status,
+                "headers": [
+                    (b"content-type", self.content_type),
+                    (b"content-length", str(len(self.body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": self.body})
 
 
 class SessionState:
     """What the gateway keeps in memory about a live session."""
 
-    __slots__ = ("attempts", "in_flight", "record", "state")
+    __slots__ = ("attempts", "in_flight", "record", "state", "upstream_headers")
 
     def __init__(self, record: SessionRecord) -> None:
         self.record = record
         self.state: dict[str, Any] = {}
         self.in_flight = 0
         self.attempts: OrderedDict[int, str] = OrderedDict()  # hash(raw body) -> call_id
+        sid = record.session_id.encode("utf-8")
+        if any(c < 0x20 or c == 0x7F for c in sid):
+            sid = b""  # never put control characters (CR/LF) into a header line
+        # The header lines every forwarded call of this session carries (prefix-cache affinity).
+        self.upstream_headers = _UPSTREAM_HEADERS + sid + b"\r\n"
 
 
 def _bearer(value: str | None) -> str | None:
@@ -95,6 +133,7 @@ class Gateway:
         self._resumed: asyncio.Event | None = None
         self._drained: asyncio.Event | None = None
         self._http: aiohttp.ClientSession | None = None
+        self.upstream = UpstreamPool(limit=cfg.pool_size, connect_timeout=cfg.connect_timeout)
         self._health_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._id_prefix = secrets.token_hex(8)
@@ -125,6 +164,9 @@ class Gateway:
         self._resumed.set()
         self._drained = asyncio.Event()
         self._drained.set()
+        self.upstream = UpstreamPool(
+            limit=self.config.pool_size, connect_timeout=self.config.connect_timeout
+        )
         connector = aiohttp.TCPConnector(
             limit=self.config.pool_size, limit_per_host=0, ttl_dns_cache=300
         )
@@ -148,6 +190,7 @@ class Gateway:
                 await self._health_task
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.upstream.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -260,6 +303,7 @@ class Gateway:
     ) -> None:
         st: SessionState | None = None
         counted = False
+        response: ASGIResponse
         try:
             session_id = self.authenticate(token)
             st = await self.session_state(session_id)
@@ -347,7 +391,7 @@ class Gateway:
 
     async def _handle_call(
         self, scope: dict[str, Any], st: SessionState, path: str, raw: bytes
-    ) -> Response:
+    ) -> ASGIResponse:
         t0 = time.perf_counter()
         started_at = time.time()
         try:
@@ -398,10 +442,10 @@ class Gateway:
             request=body,
             capture="passthrough",
         )
-        headers = {"content-type": _JSON, "x-session-id": rec.session_id}
         if stream:
+            headers = {"content-type": _JSON, "x-session-id": rec.session_id}
             return await self._forward_stream(st, call, fwd, asked, chat, path, headers, t0, commit)
-        return await self._forward(st, call, fwd, asked, path, headers, t0, commit)
+        return await self._forward(st, call, fwd, asked, path, st.upstream_headers, t0, commit)
 
     def apply_sampling(
         self, rec: SessionRecord, body: dict[str, Any]
@@ -470,9 +514,50 @@ class Gateway:
             502, f"inference backend unreachable: {last}", "server_error", "bad_gateway"
         )
 
+    async def _post(
+        self, st: SessionState, path: str, fwd: dict[str, Any], headers: bytes
+    ) -> tuple[Backend, int, bytes]:
+        """POST to a backend with the lean client; on a connection failure, take the backend
+        out and retry once elsewhere. Raises :class:`UpstreamBrokenError` when the answer broke
+        off, ``asyncio.TimeoutError`` on timeout."""
+        tried: set[str] = set()
+        last: Exception | None = None
+        chat = path == _CHAT
+        for _ in range(2):
+            backend = self.pool.pick(st.record.session_id, exclude=frozenset(tried))
+            if backend is None:
+                break
+            tried.add(backend.name)
+            backend.in_flight += 1
+            try:
+                status, payload = await self.upstream.post(
+                    backend.url,
+                    path,
+                    self._prepare(backend, fwd, chat),
+                    headers,
+                    self.config.upstream_timeout,
+                )
+            except UpstreamConnectError as exc:
+                self.pool.mark_failed(backend)
+                self.metrics.error("backend_connect")
+                last = exc
+                continue
+            except UpstreamBrokenError:
+                # Not the backend's "no": it died while answering. The caller may retry once.
+                self.pool.mark_failed(backend)
+                raise
+            finally:
+                backend.in_flight -= 1
+            return backend, status, payload
+        if last is None:
+            raise GatewayError(503, "no healthy inference backend", "server_error", "no_backend")
+        raise GatewayError(
+            502, f"inference backend unreachable: {last}", "server_error", "bad_gateway"
+        )
+
     async def _failed(
         self, call: ModelCall, commit: Any, status: int, message: str, code: str, t0: float
-    ) -> Response:
+    ) -> ASGIResponse:
         call.status = "failed"
         call.error = message
         call.trainable = False
@@ -489,26 +574,20 @@ class Gateway:
         fwd: dict[str, Any],
         asked: Asked,
         path: str,
-        headers: dict[str, str],
+        headers: bytes,
         t0: float,
         commit: Any,
-    ) -> Response:
+    ) -> ASGIResponse:
         backend: Backend | None = None
         try:
             for attempt in range(2):
-                backend, resp = await self._send(st, path, fwd, headers)
                 try:
-                    payload = await resp.read()
-                    status = resp.status
+                    backend, status, payload = await self._post(st, path, fwd, headers)
                     break
-                except aiohttp.ClientConnectionError as exc:
+                except UpstreamBrokenError:
                     # The backend died while answering: nothing reached the agent; retry once.
-                    if isinstance(exc, asyncio.TimeoutError) or attempt == 1:
+                    if attempt == 1:
                         raise
-                    self.pool.mark_failed(backend)
-                finally:
-                    resp.release()
-                    backend.in_flight -= 1
         except GatewayError as exc:
             return await self._failed(call, commit, exc.status, exc.message, exc.code or "", t0)
         except asyncio.TimeoutError:
@@ -520,7 +599,7 @@ class Gateway:
                 "upstream_timeout",
                 t0,
             )
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             return await self._failed(
                 call, commit, 502, f"inference backend failed: {exc}", "bad_gateway", t0
             )
@@ -536,7 +615,7 @@ class Gateway:
             call.latency_ms = (time.perf_counter() - t0) * 1000.0
             await commit(call)
             self.metrics.error("upstream_status")
-            return Response(payload, status_code=status, media_type=_JSON)
+            return RawResponse(payload, status)
         try:
             data = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -551,7 +630,7 @@ class Gateway:
         call.response = data
         await commit(call)
         self.metrics.latency.observe(time.perf_counter() - t0)
-        return Response(payload, media_type=_JSON)
+        return RawResponse(payload)
 
     def _fill(self, call: ModelCall, cap: Captured, backend: Backend) -> None:
         call.prompt_ids = cap.prompt_ids
@@ -580,7 +659,7 @@ class Gateway:
         headers: dict[str, str],
         t0: float,
         commit: Any,
-    ) -> Response:
+    ) -> ASGIResponse:
         try:
             backend, resp = await self._send(st, path, fwd, headers)
         except GatewayError as exc:
@@ -728,7 +807,7 @@ class Gateway:
         body: dict[str, Any],
         commit: Any,
         started_at: float,
-    ) -> Response:
+    ) -> ASGIResponse:
         # Imported on first use: passthrough-only gateways never load the renderer stack.
         from rollwire.gateway import tokens
 

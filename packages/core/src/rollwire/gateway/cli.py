@@ -108,6 +108,7 @@ def serve(
         http="httptools",
         lifespan="on",
         access_log=False,
+        proxy_headers=False,  # the gateway never reads the client address: skip that middleware
         log_level=log_level,
     )
 

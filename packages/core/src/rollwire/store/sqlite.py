@@ -97,6 +97,9 @@ _META_FIELDS = (
 _SESSION_COLUMNS = ("session_id", "group_id", "task_id", "status", "created_at")
 _RECENT_CALLS = 16  # earlier calls per session kept in memory for the prompt delta
 _CACHED_SESSIONS = 4096
+# Token ids held by that cache, all sessions together (int32: 4 bytes each). Least recently used
+# sessions are dropped past it (they are re-read from the file if they get another call).
+_CACHED_TOKENS = 4_000_000
 
 
 class _Tokens:
@@ -111,12 +114,17 @@ class _Tokens:
 
 
 class _SessionCache:
-    __slots__ = ("last_messages", "next_index", "recent")
+    __slots__ = ("last_messages", "next_index", "recent", "tokens")
 
     def __init__(self, next_index: int) -> None:
         self.next_index = next_index
         self.recent: list[_Tokens] = []
         self.last_messages: list[Any] = []
+        self.tokens = 0  # token ids held in ``recent``
+
+
+def _n_tokens(t: _Tokens) -> int:
+    return int(t.prompt_ids.shape[0]) + int(t.completion_ids.shape[0])
 
 
 def _i32(arr: Any) -> np.ndarray:
@@ -152,6 +160,7 @@ class SQLiteStore:
         self._kick_scheduled = False
         self._queue: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
         self._cache: OrderedDict[str, _SessionCache] = OrderedDict()
+        self._cached_tokens = 0
         self._counts: dict[str, list[int]] = {}  # per-batch call/token increments (writer only)
         self._known_blobs: set[str] = set()
         self._dirty = threading.Event()
@@ -251,7 +260,7 @@ class SQLiteStore:
             # so only the failing ones fail.
             with contextlib.suppress(Exception):
                 conn.execute("ROLLBACK")
-            self._cache.clear()
+            self._clear_cache()
             outcomes = [self._run_one(conn, fn, fut) for fn, fut in items]
         self._dirty.set()
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
@@ -273,7 +282,7 @@ class SQLiteStore:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 conn.execute("ROLLBACK")
-            self._cache.clear()
+            self._clear_cache()
             return fut, None, exc
         return fut, result, None
 
@@ -370,7 +379,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM calls WHERE session_id = ?", (session_id,))
-            self._cache.pop(session_id, None)
+            self._drop_cache(session_id)
             return cur.rowcount > 0
 
         return await self._submit(op)
@@ -413,7 +422,7 @@ class SQLiteStore:
                 "UPDATE sessions SET status = ?, data = ? WHERE session_id = ?",
                 (status, _session_data(rec), session_id),
             )
-            self._cache.pop(session_id, None)
+            self._drop_cache(session_id)
             return rec, True
 
         return await self._submit(op)
@@ -422,6 +431,22 @@ class SQLiteStore:
     async def append_call(self, call: ModelCall) -> ModelCall:
         """Store ``call`` durably (see :class:`~rollwire.store.base.Store`)."""
         return await self._submit(lambda conn: self._append(conn, call))
+
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+        self._cached_tokens = 0
+
+    def _drop_cache(self, session_id: str) -> None:
+        cache = self._cache.pop(session_id, None)
+        if cache is not None:
+            self._cached_tokens -= cache.tokens
+
+    def _trim_cache(self) -> None:
+        while len(self._cache) > 1 and (
+            len(self._cache) > _CACHED_SESSIONS or self._cached_tokens > _CACHED_TOKENS
+        ):
+            _, old = self._cache.popitem(last=False)
+            self._cached_tokens -= old.tokens
 
     def _session_cache(self, conn: sqlite3.Connection, session_id: str) -> _SessionCache:
         cache = self._cache.get(session_id)
@@ -442,9 +467,9 @@ class SQLiteStore:
             ]
             if earlier:
                 cache.last_messages = list(earlier[-1].request.get("messages") or [])
+            cache.tokens = sum(_n_tokens(t) for t in cache.recent)
+            self._cached_tokens += cache.tokens
         self._cache[session_id] = cache
-        if len(self._cache) > _CACHED_SESSIONS:
-            self._cache.popitem(last=False)
         return cache
 
     def _append(self, conn: sqlite3.Connection, call: ModelCall) -> ModelCall:
@@ -499,8 +524,13 @@ class SQLiteStore:
         # Only now, with every statement done, touch the in-memory state.
         cache.next_index = index + 1
         cache.recent.append(_Tokens(call.call_id, prompt, completion))
+        added = int(prompt.shape[0]) + int(completion.shape[0])
         if len(cache.recent) > _RECENT_CALLS:
-            del cache.recent[0]
+            added -= _n_tokens(cache.recent.pop(0))
+        cache.tokens += added
+        self._cached_tokens += added
+        if self._cached_tokens > _CACHED_TOKENS or len(self._cache) > _CACHED_SESSIONS:
+            self._trim_cache()
         if isinstance(messages, list):
             cache.last_messages = messages
         call.index = index
