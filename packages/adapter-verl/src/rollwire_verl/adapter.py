@@ -23,6 +23,8 @@ class VerlAdapter:
 
     name = "verl"
     requires: tuple[str, ...] = ("verl>=0.9.1", "torch>=2.4", "tensordict")
+    #: ``DataProto.save_to_disk`` writes a pickle
+    export_suffix = ".dataproto.pkl"
 
     def convert(self, batch: Batch, **options: Any) -> Any:
         """``to_dataproto(batch, **options)``; ``pad_token_id`` defaults to 0."""

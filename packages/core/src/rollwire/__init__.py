@@ -18,10 +18,15 @@ _EXPORTS: dict[str, str] = {
     "rollout_context": "rollwire.context",
     "openai_client": "rollwire.context",
     "async_openai_client": "rollwire.context",
+    "rollout_model": "rollwire.context",
     # trainer side
     "RolloutClient": "rollwire.client",
     "GatewayClient": "rollwire.gateway_client",
     "AsyncGatewayClient": "rollwire.gateway_client",
+    "LocalRunner": "rollwire.runners",
+    "HttpRunner": "rollwire.runners",
+    "RunnerError": "rollwire.runners",
+    "make_runner": "rollwire.runners",
     # data model
     "ModelCall": "rollwire.protocol",
     "Rollout": "rollwire.protocol",
@@ -40,20 +45,25 @@ __all__ = [
     "Fork",
     "GatewayClient",
     "Group",
+    "HttpRunner",
+    "LocalRunner",
     "ModelCall",
     "Rollout",
     "RolloutApp",
     "RolloutClient",
     "RolloutContext",
     "Row",
+    "RunnerError",
     "TrajectoryBuilder",
     "__version__",
     "async_openai_client",
     "build_rows",
     "group_advantages",
+    "make_runner",
     "openai_client",
     "read_jsonl",
     "rollout_context",
+    "rollout_model",
     "write_jsonl",
 ]
 
@@ -65,11 +75,13 @@ if TYPE_CHECKING:
         async_openai_client,
         openai_client,
         rollout_context,
+        rollout_model,
     )
     from rollwire.dataset import read_jsonl, write_jsonl
     from rollwire.gateway_client import AsyncGatewayClient, GatewayClient
     from rollwire.protocol import Fork, Group, ModelCall, Rollout, Row
     from rollwire.rewards import group_advantages
+    from rollwire.runners import HttpRunner, LocalRunner, RunnerError, make_runner
     from rollwire.trajectory import TrajectoryBuilder, build_rows
 
 

@@ -42,6 +42,9 @@ class TrainerAdapter(Protocol):
     #: conversion needs no framework (a dict form is produced instead).
     requires: Sequence[str]
 
+    # An adapter may also set ``export_suffix`` (e.g. ``".dataproto.pkl"``): the file suffix
+    # ``rollwire demo`` gives its export; ``.jsonl`` when absent.
+
     def convert(self, batch: Batch, **options: Any) -> Any:
         """The trainer's native batch (or its documented dict form when the trainer is absent)."""
         ...

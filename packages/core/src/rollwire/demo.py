@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,18 +107,6 @@ def load_demo_agent(name: str) -> Any:
         raise DemoError(f"{module} defines no {attr!r} (expected a RolloutApp)") from exc
 
 
-class _ForkTokenizer:
-    """Fork classification needs ``all_special_ids``; the engine tokenizer calls them ``special_ids``."""
-
-    def __init__(self, tok: Any) -> None:
-        self._tok = tok
-        ids = getattr(tok, "all_special_ids", None) or getattr(tok, "special_ids", None) or ()
-        self.all_special_ids: Collection[int] = sorted(int(i) for i in ids)
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
-
-
 def _trainers() -> Iterable[str]:
     from rollwire.plugins import discover
 
@@ -173,7 +161,7 @@ def run_demo(
         )
         groups = client.run(make_tasks(tasks, "train", seed=seed))
         wall = time.monotonic() - started
-        rows = build_rows(groups, tokenizer=_ForkTokenizer(engine.tokenizer))
+        rows = build_rows(groups, tokenizer=engine.tokenizer)
     rollouts_path = out_dir / "rollouts.jsonl"
     write_jsonl(rollouts_path, groups)
     result = DemoResult(

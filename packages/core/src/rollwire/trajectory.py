@@ -26,7 +26,10 @@ BuildMode = Literal["merge", "per_call"]
 class TokenizerLike(Protocol):
     """What fork classification needs of a tokenizer (a Hugging Face tokenizer fits as is)."""
 
-    all_special_ids: Collection[int]
+    @property
+    def all_special_ids(self) -> Collection[int]:
+        """Ids of special and added control tokens."""
+        ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``token_ids``."""

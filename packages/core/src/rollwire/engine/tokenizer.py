@@ -196,6 +196,8 @@ class EngineTokenizer:
         self.special_ids: set[int] = {self._require(t) for t in CONTROL_TOKENS}
         #: ids of the markup tokens (``<tool_call>``, ``<think>``...), kept in decoded text.
         self.markup_ids: set[int] = {self._require(t) for t in MARKUP_TOKENS}
+        #: every added token, as Hugging Face names it (what fork classification reads).
+        self.all_special_ids: list[int] = sorted(self.special_ids | self.markup_ids)
         self._token_bytes: list[bytes] = [self._bytes_of(i) for i in range(self.vocab_size)]
         self._template_text = (
             json.loads((self.folder / "tokenizer_config.json").read_text())["chat_template"]
