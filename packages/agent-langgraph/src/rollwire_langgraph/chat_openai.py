@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rollwire.context import ROLLOUT_MAX_RETRIES, RolloutContext, rollout_context
+from rollwire.context import ROLLOUT_MAX_RETRIES, RolloutContext, rollout_context, split_sampling
 
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI
@@ -45,13 +45,6 @@ _ALIASES = {
 }
 # Pre-built clients point at the production endpoint; the session needs its own.
 _PRODUCTION_ONLY = ("client", "async_client", "root_client", "root_async_client")
-_MAX_TIMEOUT_S = 600.0
-
-
-def _timeout(ctx: RolloutContext) -> float:
-    # Never wait on one call past the rollout's deadline (the gateway would refuse it anyway).
-    remaining = ctx.remaining()
-    return _MAX_TIMEOUT_S if remaining is None else max(1.0, min(_MAX_TIMEOUT_S, remaining))
 
 
 def session_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,18 +59,8 @@ def session_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) ->
     kwargs["use_responses_api"] = False
     kwargs["stream_usage"] = True
     kwargs["max_retries"] = ROLLOUT_MAX_RETRIES
-    kwargs.setdefault("timeout", _timeout(ctx))
-    extra = dict(kwargs.get("extra_body") or {})
-    for key, value in ctx.sampling.items():
-        if key in _CHAT_OPENAI_FIELDS:
-            kwargs[key] = value
-            extra.pop(key, None)
-        else:
-            extra[key] = value
-            kwargs.pop(key, None)
-    if extra:
-        kwargs["extra_body"] = extra
-    return kwargs
+    kwargs.setdefault("timeout", ctx.call_timeout())
+    return split_sampling(ctx.sampling, _CHAT_OPENAI_FIELDS, kwargs)
 
 
 def chat_model(payload: Mapping[str, Any], **production_kwargs: Any) -> ChatOpenAI:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rollwire.context import ROLLOUT_MAX_RETRIES, RolloutContext, rollout_context
+from rollwire.context import ROLLOUT_MAX_RETRIES, rollout_context, split_sampling
 
 if TYPE_CHECKING:
     from strands.models.openai import OpenAIModel
@@ -37,33 +37,15 @@ _OPENAI_PARAMS = frozenset(
         "reasoning_effort",
     }
 )
-_MAX_TIMEOUT_S = 600.0
 # Production-only client settings that must not leak into a session's client.
 _PRODUCTION_ONLY = ("client", "bedrock_mantle_config")
-
-
-def _timeout(ctx: RolloutContext) -> float:
-    # Never wait on one call past the rollout's deadline (the gateway would refuse it anyway).
-    remaining = ctx.remaining()
-    return _MAX_TIMEOUT_S if remaining is None else max(1.0, min(_MAX_TIMEOUT_S, remaining))
 
 
 def session_params(
     sampling: Mapping[str, Any], base: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Strands ``params`` with the session's ``sampling`` laid over ``base`` (session wins)."""
-    params = dict(base or {})
-    extra = dict(params.get("extra_body") or {})
-    for key, value in sampling.items():
-        if key in _OPENAI_PARAMS:
-            params[key] = value
-            extra.pop(key, None)
-        else:
-            extra[key] = value
-            params.pop(key, None)
-    if extra:
-        params["extra_body"] = extra
-    return params
+    return split_sampling(sampling, _OPENAI_PARAMS, base)
 
 
 def model(payload: Mapping[str, Any], **production_kwargs: Any) -> OpenAIModel:
@@ -83,7 +65,7 @@ def model(payload: Mapping[str, Any], **production_kwargs: Any) -> OpenAIModel:
     client_args["base_url"] = ctx.base_url
     client_args["api_key"] = ctx.api_key
     client_args["max_retries"] = ROLLOUT_MAX_RETRIES
-    client_args.setdefault("timeout", _timeout(ctx))
+    client_args.setdefault("timeout", ctx.call_timeout())
     kwargs["model_id"] = ctx.model
     kwargs["params"] = session_params(ctx.sampling, kwargs.get("params"))
     return OpenAIModel(client_args=client_args, **kwargs)

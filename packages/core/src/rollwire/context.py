@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "openai_client",
     "rollout_context",
     "rollout_model",
+    "split_sampling",
 ]
 
 #: The reserved payload key the trainer adds to a dataset row.
@@ -53,6 +54,11 @@ class RolloutContext:
         if self.deadline is None:
             return None
         return self.deadline - (time.time() if now is None else now)
+
+    def call_timeout(self, max_s: float = _DEFAULT_TIMEOUT_S) -> float:
+        """Timeout for one model call: never past the rollout's deadline, at least 1 s."""
+        remaining = self.remaining()
+        return max_s if remaining is None else max(1.0, min(max_s, remaining))
 
     def to_payload(self) -> dict[str, Any]:
         """The ``_rollwire`` dict this context was read from."""
@@ -119,6 +125,28 @@ def rollout_model(payload: Any, default: str) -> str:
     return ctx.model if ctx is not None else default
 
 
+def split_sampling(
+    sampling: Mapping[str, Any], known: Collection[str], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``base`` with the session's ``sampling`` laid over it (the session wins).
+
+    Keys a client accepts by name (``known``) go at the top level; the rest (``top_k``,
+    ``min_p``...) go into ``extra_body``, which OpenAI-compatible clients send as top-level JSON.
+    """
+    out = dict(base or {})
+    extra = dict(out.get("extra_body") or {})
+    for key, value in sampling.items():
+        if key in known:
+            out[key] = value
+            extra.pop(key, None)
+        else:
+            extra[key] = value
+            out.pop(key, None)
+    if extra:
+        out["extra_body"] = extra
+    return out
+
+
 def _session_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     # Keep harmless production settings (headers, http client), replace where the calls go.
     kwargs = {
@@ -129,12 +157,7 @@ def _session_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) -
     kwargs["base_url"] = ctx.base_url
     kwargs["api_key"] = ctx.api_key
     kwargs["max_retries"] = ROLLOUT_MAX_RETRIES
-    remaining = ctx.remaining()
-    timeout = (
-        _DEFAULT_TIMEOUT_S if remaining is None else max(1.0, min(_DEFAULT_TIMEOUT_S, remaining))
-    )
-    if "timeout" not in kwargs:
-        kwargs["timeout"] = timeout
+    kwargs.setdefault("timeout", ctx.call_timeout())
     return kwargs
 
 
