@@ -44,7 +44,7 @@ def plugins() -> None:
     try:
         found = discover()
     except PluginError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     table = Table(title="rollwire plugins")
     for col in ("name", "kind", "distribution", "version", "status"):

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["demo", "export", "run"]
@@ -20,7 +21,7 @@ console = Console()
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code)
 
 
@@ -251,7 +252,7 @@ def demo(
     for name, path in sorted(result.exports.items()):
         console.print(f"export for {name}: {path}")
     for name, err in sorted(result.export_errors.items()):
-        console.print(f"[yellow]export for {name} failed:[/yellow] {err}")
+        console.print(f"[yellow]export for {name} failed:[/yellow] {escape(err)}")
     if result.steered:
         console.print(
             "[bold yellow]note:[/bold yellow] the embedded engine is a tiny random-weight model; every guess was "

@@ -357,6 +357,7 @@ def doctor_command(
 ) -> None:
     """Check whether a chat template keeps multi-turn rollouts token-faithful."""
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
     if tokenizer is None:
@@ -366,7 +367,7 @@ def doctor_command(
     try:
         renderer = ChatRenderer.from_dir(tokenizer)
     except (ValueError, ImportError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     report = diagnose(renderer)
     if json_output:
