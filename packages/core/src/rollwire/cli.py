@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rollwire import __version__
+from rollwire import __version__, commands
+from rollwire.engine.cli import engine_app
+from rollwire.gateway.cli import gateway_app
+from rollwire.gateway.doctor import doctor_command
 
 app = typer.Typer(
     name="rollwire",
@@ -59,33 +59,12 @@ def plugins() -> None:
 
 
 # Sub-commands live next to the code they drive; each module exposes a typer app or a command.
-_SUBAPPS = {
-    "engine": "rollwire.engine.cli:engine_app",
-    "gateway": "rollwire.gateway.cli:gateway_app",
-}
-_COMMANDS = {
-    "run": "rollwire.commands:run",
-    "export": "rollwire.commands:export",
-    "demo": "rollwire.commands:demo",
-    "doctor": "rollwire.gateway.doctor:doctor_command",
-}
-
-
-def _resolve(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-for _name, _target in _SUBAPPS.items():
-    try:
-        app.add_typer(_resolve(_target), name=_name)
-    except (ImportError, AttributeError):  # pragma: no cover - during partial installs only
-        pass
-for _name, _target in _COMMANDS.items():
-    try:
-        app.command(_name)(_resolve(_target))
-    except (ImportError, AttributeError):  # pragma: no cover - during partial installs only
-        pass
+app.add_typer(engine_app, name="engine")
+app.add_typer(gateway_app, name="gateway")
+app.command("run")(commands.run)
+app.command("export")(commands.export)
+app.command("demo")(commands.demo)
+app.command("doctor")(doctor_command)
 
 
 def main() -> None:
