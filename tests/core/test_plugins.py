@@ -34,8 +34,9 @@ def test_discovery_and_status() -> None:
     assert missing.status == "missing"  # type: ignore[attr-defined]
     assert "rollwire-no-such-framework is not installed" in missing.detail  # type: ignore[attr-defined]
     assert 'pip install "rollwire[fixture-missing]"' in missing.detail  # type: ignore[attr-defined]
-    assert old.status == "missing"  # type: ignore[attr-defined]
+    assert old.status == "incompatible"  # type: ignore[attr-defined]
     assert "numpy" in old.detail and "<1.0 is required" in old.detail  # type: ignore[attr-defined]
+    assert "pip install" not in old.detail  # type: ignore[attr-defined]
 
 
 def test_load_ok_and_missing() -> None:

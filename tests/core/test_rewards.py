@@ -41,3 +41,9 @@ def test_group_advantages_over_batch() -> None:
     assert sum(adv[k] for k in ("a0", "a1", "a2")) == pytest.approx(0.0, abs=1e-5)
     no_failed = group_advantages(sample_batch())
     assert "b2" not in no_failed
+
+
+def test_rows_of_one_rollout_must_agree_on_the_reward() -> None:
+    # the rollout reward goes on every row (DESIGN §6): disagreeing rows are a caller bug
+    with pytest.raises(ValueError, match=r"rollout 'a'.*1\.0.*0\.5"):
+        normalize_row_rewards([1.0, 0.5, 0.0], ["g"] * 3, ["a", "a", "b"])

@@ -16,18 +16,23 @@ from rollwire.trajectory import TrajectoryBuilder, build_rows, classify_fork
 
 
 @st.composite
-def sessions(draw: st.DrawFn) -> Rollout:
-    """A session whose calls continue, fork from, or ignore the earlier ones."""
+def sessions(draw: st.DrawFn, *, kinds: tuple[str, ...] = ("continue", "fork", "fresh")) -> Rollout:
+    """A session whose calls continue, fork from, or ignore the earlier ones.
+
+    Calls may be non-trainable, off-policy, failed or superseded by a retry, and carry routed
+    experts covering their prompt + completion, as the gateway records them.
+    """
     n_calls = draw(st.integers(1, 8))
     tok = st.integers(0, 50)
     calls: list[ModelCall] = []
     histories: list[np.ndarray] = []
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     for i in range(n_calls):
-        how = draw(st.sampled_from(["continue", "fork", "fresh"])) if histories else "fresh"
+        how = draw(st.sampled_from(kinds)) if histories else "fresh"
         extra = np.asarray(draw(st.lists(tok, min_size=0, max_size=6)), np.int32)
         if how == "continue":
-            base = histories[draw(st.integers(0, len(histories) - 1))]
-            prompt = np.concatenate([base, extra])
+            pick = draw(st.integers(0, len(histories) - 1)) if len(kinds) > 1 else -1
+            prompt = np.concatenate([histories[pick], extra])
         elif how == "fork":
             base = histories[-1].copy()
             pos = draw(st.integers(0, base.shape[0] - 1))
@@ -39,20 +44,39 @@ def sessions(draw: st.DrawFn) -> Rollout:
             prompt = np.asarray([1], np.int32)
         completion = np.asarray(draw(st.lists(tok, min_size=0, max_size=6)), np.int32)
         logprobs = -np.arange(1, completion.shape[0] + 1, dtype=np.float32) / (i + 2)
-        trainable = draw(st.booleans()) if draw(st.integers(0, 4)) == 0 else True
-        calls.append(
-            ModelCall(
-                call_id=f"c{i}",
-                session_id="s",
-                index=i,
-                prompt_ids=prompt,
-                completion_ids=completion,
-                logprobs=logprobs,
-                trainable=trainable,
-            )
+        odd = draw(
+            st.sampled_from(["plain"] * 6 + ["untrainable", "off_policy", "failed", "superseded"])
         )
-        histories.append(np.concatenate([prompt, completion]))
+        if len(kinds) == 1:
+            odd = "plain"
+        full = prompt.shape[0] + completion.shape[0]
+        call = ModelCall(
+            call_id=f"c{i}",
+            session_id="s",
+            index=i,
+            prompt_ids=prompt,
+            completion_ids=completion,
+            logprobs=logprobs,
+            trainable=odd not in ("untrainable", "off_policy", "superseded"),
+            off_policy=odd == "off_policy",
+            status="failed" if odd == "failed" else "ok",
+            flags=["superseded_by_retry"] if odd == "superseded" else [],
+            routed_experts=rng.integers(0, 8, (full - 1, 2, 2)).astype(np.int16),
+        )
+        calls.append(call)
+        if odd not in ("failed", "superseded"):
+            histories.append(np.concatenate([prompt, completion]))
+        elif not histories:
+            histories.append(prompt)
     return Rollout(rollout_id="s", group_id="g", status="completed", reward=1.0, calls=calls)
+
+
+def _used(call: ModelCall) -> bool:
+    return call.status == "ok" and "superseded_by_retry" not in call.flags
+
+
+def _trained(call: ModelCall) -> bool:
+    return _used(call) and call.trainable and not call.off_policy
 
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -73,10 +97,10 @@ def test_every_sampled_token_in_exactly_one_row(rollout: Rollout, mode: str) -> 
     rows = TrajectoryBuilder(mode).build(rollout)  # type: ignore[arg-type]
     for call in rollout.calls:
         trained = sum(int(((r.turn_ids == call.index) & (r.loss_mask == 1)).sum()) for r in rows)
-        expected = call.completion_ids.shape[0] if call.trainable else 0
+        expected = call.completion_ids.shape[0] if _trained(call) else 0
         assert trained == expected
         present = sum(int((r.turn_ids == call.index).sum()) for r in rows)
-        assert present == call.completion_ids.shape[0]
+        assert present == (call.completion_ids.shape[0] if _used(call) else 0)
 
 
 @PROPS
@@ -87,14 +111,17 @@ def test_masked_in_tokens_are_the_completions_in_order(rollout: Rollout) -> None
     for row in rows:
         resp = row.response_ids
         got = resp[row.loss_mask == 1]
-        want = [by_id[cid].completion_ids for cid in row.call_ids if by_id[cid].trainable]
+        want = [by_id[cid].completion_ids for cid in row.call_ids if _trained(by_id[cid])]
         np.testing.assert_array_equal(got, np.concatenate([np.zeros(0, np.int32), *want]))
         got_lp = row.logprobs[row.loss_mask == 1]
-        want_lp = [by_id[cid].logprobs for cid in row.call_ids if by_id[cid].trainable]
+        want_lp = [by_id[cid].logprobs for cid in row.call_ids if _trained(by_id[cid])]
         np.testing.assert_array_equal(got_lp, np.concatenate([np.zeros(0, np.float32), *want_lp]))
-    # every call lands in exactly one row, in call order within it
+    # every usable call lands in exactly one row, in call order within it
     seen = [cid for row in rows for cid in row.call_ids]
-    assert sorted(seen) == sorted(by_id)
+    assert sorted(seen) == sorted(c.call_id for c in rollout.calls if _used(c))
+    for row in rows:
+        indices = [by_id[cid].index for cid in row.call_ids]
+        assert indices == sorted(indices)
 
 
 @PROPS
@@ -109,18 +136,58 @@ def test_rows_replay_the_prompts(rollout: Rollout) -> None:
 
 
 @PROPS
-@given(sessions())
-def test_merging_is_deterministic(rollout: Rollout) -> None:
+@given(sessions(), st.randoms())
+def test_merging_is_deterministic(rollout: Rollout, rnd: object) -> None:
+    """Same rows after a JSON round trip of the rollout and with its calls in any stored order."""
     a = [r.model_dump_json() for r in build_rows([rollout])]
-    b = [r.model_dump_json() for r in build_rows([rollout])]
+    again = Rollout.from_json(rollout.to_json())
+    rnd.shuffle(again.calls)  # type: ignore[attr-defined]
+    b = [r.model_dump_json() for r in build_rows([again])]
     assert a == b
+
+
+@PROPS
+@given(sessions())
+def test_jsonl_round_trip_property(rollout: Rollout) -> None:
+    back = Rollout.from_json(rollout.to_json())
+    assert back.model_dump_json() == rollout.model_dump_json()
+
+
+@PROPS
+@given(sessions(kinds=("continue",)))
+def test_no_spurious_forks(rollout: Rollout) -> None:
+    """A session whose every prompt extends the previous call's tokens is one row."""
+    rows = build_rows([rollout])
+    assert len(rows) == 1 and rows[0].fork is None
+
+
+@PROPS
+@given(sessions())
+def test_fork_position_is_the_longest_common_prefix(rollout: Rollout) -> None:
+    from rollwire.arrays import common_prefix_len
+
+    by_id = {c.call_id: c for c in rollout.calls}
+    for row in build_rows([rollout])[1:]:
+        assert row.fork is not None
+        call = by_id[row.fork.call_id]  # type: ignore[index]
+        earlier = [c for c in rollout.calls if c.index < call.index and _used(c)]
+        best = max(common_prefix_len(c.full_tokens(), call.prompt_ids) for c in earlier)
+        assert row.fork.position == best
+
+
+@PROPS
+@given(sessions())
+def test_routed_experts_follow_the_row(rollout: Rollout) -> None:
+    for row in build_rows([rollout]):
+        assert row.routed_experts is not None
+        assert row.routed_experts.shape == (len(row.input_ids) - 1, 2, 2)
 
 
 @PROPS
 @given(sessions())
 def test_per_call_gives_one_row_per_call(rollout: Rollout) -> None:
     rows = TrajectoryBuilder("per_call").build(rollout)
-    assert len(rows) == len(rollout.calls)
+    assert len(rows) == sum(1 for c in rollout.calls if _used(c))
     assert all(r.fork is None for r in rows)
 
 
@@ -230,6 +297,34 @@ def test_fork_truncated() -> None:
     )
     assert len(rows) == 2
     assert rows[1].fork is not None and rows[1].fork.kind == "truncated"
+
+
+def test_fork_think_stripped_with_json_respacing() -> None:
+    first = "<|im_start|>u:q"
+    sampled = '<think>plan</think>{"a": 1}<|im_end|>'
+    _, fork = _fork_of([(first, sampled), (first + '{"a":1}<|im_end|>' + "u:next", "x")])
+    assert fork.kind == "think_stripped"  # type: ignore[attr-defined]
+
+
+def test_fork_sliding_window_cut_is_truncated_not_think_stripped() -> None:
+    sys_ = "<|im_start|>sys<|im_end|>"
+    u1, a1 = "<|im_start|>u:first question", "<think>hmm</think>first answer<|im_end|>"
+    u2, a2 = "<|im_start|>u:second question", "second answer<|im_end|>"
+    calls = [
+        (sys_ + u1, a1),
+        (sys_ + u1 + a1 + u2, a2),
+        # the conversation manager dropped the first exchange; the prompt still grew
+        (sys_ + u2 + a2 + "<|im_start|>u:third question, rather longer than the others", "z"),
+    ]
+    rows = TrajectoryBuilder(tokenizer=TOK).build(_rollout(calls))
+    assert len(rows) == 2
+    assert rows[1].fork is not None and rows[1].fork.kind == "truncated"
+
+
+def test_fork_content_change_is_not_retokenized() -> None:
+    first = "<|im_start|>u:q"
+    _, fork = _fork_of([(first, "x: a b<|im_end|>"), (first + "x: ab more<|im_end|>u:n", "y")])
+    assert fork.kind == "other"  # type: ignore[attr-defined]
 
 
 def test_fork_other_without_tokenizer() -> None:

@@ -31,6 +31,9 @@ class ExportedRow:
     loss_mask: np.ndarray
     logprobs: np.ndarray
     reward: float | None
+    #: ``[len(prompt_ids) + len(response_ids) - 1, layers, top_k]`` when the trainer format keeps
+    #: the routing of every position (DESIGN §6); None when it has none or cannot carry it.
+    routed_experts: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -42,7 +45,8 @@ class TrainerAdapter(Protocol):
     #: conversion needs no framework (a dict form is produced instead).
     requires: Sequence[str]
 
-    # An adapter may also set ``export_suffix`` (e.g. ``".dataproto.pkl"``): the file suffix
+    # An adapter may also set ``extra`` (the rollwire extra that installs its framework, when it
+    # is not the plugin's name) and ``export_suffix`` (e.g. ``".dataproto.pkl"``): the file suffix
     # ``rollwire demo`` gives its export; ``.jsonl`` when absent.
 
     def convert(self, batch: Batch, **options: Any) -> Any:

@@ -52,7 +52,18 @@ def as_array(value: Any, dtype: np.dtype[Any] | type, ndim: int | None = None) -
     """Coerce a list, ndarray or packed dict to a contiguous array of ``dtype``."""
     if isinstance(value, dict):
         value = decode_array(value)
-    arr = np.asarray(value, dtype=dtype)
+    target = np.dtype(dtype)
+    raw = np.asarray(value)
+    if raw.dtype != target and raw.size:
+        if target.kind in "iu" and raw.dtype.kind not in "iub":
+            raise ValueError(f"expected integer token ids ({target}), got {raw.dtype} values")
+        if target.kind in "iu" and raw.dtype.kind in "iu":
+            info = np.iinfo(target)
+            if int(raw.min()) < info.min or int(raw.max()) > info.max:
+                raise ValueError(
+                    f"values out of range for {target}: min {int(raw.min())}, max {int(raw.max())}"
+                )
+    arr = raw.astype(target, copy=False) if raw.dtype != target else raw
     if ndim is not None and arr.ndim != ndim:
         if arr.size == 0 and ndim == 1:
             arr = arr.reshape(0)

@@ -49,13 +49,8 @@ class PluginInfo:
     kind: PluginKind
     distribution: str
     version: str
-    status: Literal["ok", "missing", "disabled", "error"]
+    status: Literal["ok", "missing", "incompatible", "disabled", "error"]
     detail: str = ""
-
-    @property
-    def install_hint(self) -> str:
-        """The command that installs what this plugin needs."""
-        return f'pip install "rollwire[{self.name}]"'
 
 
 def _disabled() -> set[str]:
@@ -65,23 +60,29 @@ def _disabled() -> set[str]:
 
 def check_requirements(requires: Iterable[str]) -> list[str]:
     """Problems with ``requires`` in the installed environment (empty when all are met)."""
-    problems: list[str] = []
+    missing, incompatible = _requirement_problems(requires)
+    return missing + incompatible
+
+
+def _requirement_problems(requires: Iterable[str]) -> tuple[list[str], list[str]]:
+    missing: list[str] = []
+    incompatible: list[str] = []
     for spec in requires:
         try:
             req = Requirement(spec)
         except InvalidRequirement as exc:
-            problems.append(f"invalid requirement {spec!r}: {exc}")
+            incompatible.append(f"invalid requirement {spec!r}: {exc}")
             continue
         if req.marker is not None and not req.marker.evaluate():
             continue
         try:
             installed = metadata.version(req.name)
         except metadata.PackageNotFoundError:
-            problems.append(f"{req.name} is not installed (needs {spec})")
+            missing.append(f"{req.name} is not installed (needs {spec})")
             continue
         if req.specifier and not req.specifier.contains(installed, prereleases=True):
-            problems.append(f"{req.name} {installed} is installed but {spec} is required")
-    return problems
+            incompatible.append(f"{req.name} {installed} is installed but {spec} is required")
+    return missing, incompatible
 
 
 def _entry_points(kind: PluginKind) -> list[metadata.EntryPoint]:
@@ -121,10 +122,15 @@ def _inspect(kind: PluginKind, ep: metadata.EntryPoint) -> tuple[PluginInfo, Any
         return PluginInfo(
             ep.name, kind, dist, version, "error", f"{type(exc).__name__}: {exc}"
         ), None
-    problems = check_requirements(getattr(obj, "requires", ()))
-    if problems:
-        hint = f'; install it with: pip install "rollwire[{ep.name}]"'
-        return PluginInfo(ep.name, kind, dist, version, "missing", "; ".join(problems) + hint), obj
+    missing, incompatible = _requirement_problems(getattr(obj, "requires", ()))
+    if incompatible:
+        # An install hint would not help here: a version has to change.
+        detail = "; ".join(incompatible + missing) + "; install a version that satisfies it"
+        return PluginInfo(ep.name, kind, dist, version, "incompatible", detail), obj
+    if missing:
+        extra = getattr(obj, "extra", None) or ep.name
+        hint = f'; install it with: pip install "rollwire[{extra}]"'
+        return PluginInfo(ep.name, kind, dist, version, "missing", "; ".join(missing) + hint), obj
     return PluginInfo(ep.name, kind, dist, version, "ok"), obj
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollwire.arrays import (
     Float32Array,
@@ -195,6 +195,29 @@ class Row(_Model):
     finish_reason: str | None = None
     policy_version: str | None = None
 
+    @model_validator(mode="after")
+    def _check_lengths(self) -> Row:
+        n = self.input_ids.shape[0] - self.prompt_len
+        if self.prompt_len < 0 or n < 0:
+            raise ValueError(
+                f"prompt_len {self.prompt_len} outside input_ids of {self.input_ids.shape[0]}"
+            )
+        lengths = {len(self.loss_mask), len(self.logprobs), len(self.turn_ids)}
+        if lengths != {n}:
+            raise ValueError(
+                f"loss_mask ({len(self.loss_mask)}), logprobs ({len(self.logprobs)}) and turn_ids "
+                f"({len(self.turn_ids)}) must each cover the {n} response tokens"
+            )
+        experts = self.routed_experts
+        if experts is not None and (
+            experts.ndim != 3 or experts.shape[0] != self.input_ids.shape[0] - 1
+        ):
+            raise ValueError(
+                f"routed_experts must be [len(input_ids)-1, layers, top_k] = "
+                f"[{self.input_ids.shape[0] - 1}, L, K], got {list(experts.shape)}"
+            )
+        return self
+
     @property
     def prompt_ids(self) -> np.ndarray:
         """Tokens before the response region."""
@@ -262,8 +285,9 @@ def encode_calls(calls: Sequence[ModelCall]) -> list[dict[str, Any]]:
             "new_prompt_ids": _packed(call.prompt_ids[shared:]),
         }
         request = dict(call.request)
-        messages = request.pop("messages", None)
+        messages = request.get("messages")
         if isinstance(messages, list):
+            del request["messages"]
             k = _shared_messages(prev_messages, messages)
             d["shared_messages"] = k
             d["new_messages"] = messages[k:]

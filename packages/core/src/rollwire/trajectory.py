@@ -39,8 +39,14 @@ class TokenizerLike(Protocol):
 #: flag the gateway puts on a call whose request the agent retried (see ``ModelCall.retry_of``)
 SUPERSEDED_FLAG = "superseded_by_retry"
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
-_WS = re.compile(r"\s+")
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>\s*|$)", re.DOTALL)
+# Whitespace next to JSON punctuation: what re-serializing tool-call arguments changes.
+_JSON_SPACING = re.compile(r"\s*([{}\[\]:,])\s*")
+_CONTEXT_TOKENS = 16
+
+
+def _json_spacing_free(text: str) -> str:
+    return _JSON_SPACING.sub(r"\1", text)
 
 
 def classify_fork(
@@ -51,26 +57,42 @@ def classify_fork(
 ) -> ForkKind:
     """Why ``new`` (the next prompt) does not extend ``old`` (the row so far) from ``position`` on.
 
-    Without a tokenizer nothing can be told apart and the answer is ``other``.
+    In order: ``think_stripped`` (dropping the old ``<think>`` blocks explains the difference),
+    ``template`` (a special token differs at the divergence), ``retokenized`` (the text agrees, up
+    to JSON spacing, but the ids do not), ``truncated`` (the end of the old row reappears after
+    history was cut), ``think_stripped`` again when reasoning vanished along with other edits,
+    else ``other``. Without a tokenizer nothing can be told apart and the answer is ``other``.
     """
     if tokenizer is None:
         return "other"
     old_tail = old[position:]
     new_tail = new[position:]
-    text_old = tokenizer.decode(old_tail.tolist(), skip_special_tokens=False)
-    text_new = tokenizer.decode(new_tail.tolist(), skip_special_tokens=False)
-    if "<think>" in text_old and "<think>" not in text_new[: len(text_old)]:
+    # Decode from a little before the divergence (identical in both) so that text-level
+    # comparisons see whole words and JSON punctuation, not a token cut in half.
+    start = max(0, position - _CONTEXT_TOKENS)
+    text_old = tokenizer.decode(old[start:].tolist(), skip_special_tokens=False)
+    text_new = tokenizer.decode(new[start:].tolist(), skip_special_tokens=False)
+    had_think = "<think>" in text_old
+    no_think = _THINK_BLOCK.sub("", text_old) if had_think else text_old
+    if had_think and _json_spacing_free(text_new).startswith(_json_spacing_free(no_think)):
         return "think_stripped"
     specials = set(tokenizer.all_special_ids)
     at_old = int(old_tail[0]) if old_tail.size else None
     at_new = int(new_tail[0]) if new_tail.size else None
     if (at_old is not None and at_old in specials) or (at_new is not None and at_new in specials):
         return "template"
-    squashed_old = _WS.sub("", text_old)
-    if squashed_old and _WS.sub("", text_new).startswith(squashed_old):
+    if text_old and _json_spacing_free(text_new).startswith(_json_spacing_free(text_old)):
         return "retokenized"
     if new.shape[0] < old.shape[0]:
         return "truncated"
+    # The last tokens of the old row reappearing earlier in the new text: history was cut.
+    probe = tokenizer.decode(old[-_CONTEXT_TOKENS:].tolist(), skip_special_tokens=False).strip()
+    if probe and "<think>" not in probe:
+        at = text_new.find(probe)
+        if at != -1 and at + len(probe) < len(no_think.rstrip()):
+            return "truncated"
+    if had_think and "<think>" not in text_new:
+        return "think_stripped"
     return "other"
 
 
@@ -207,7 +229,11 @@ class TrajectoryBuilder:
         last = row.calls[-1]
         experts = last.routed_experts
         if experts is not None and experts.shape[0] != input_ids.shape[0] - 1:
-            experts = None
+            raise ValueError(
+                f"call {last.call_id}: routed_experts cover {experts.shape[0]} positions but its "
+                f"row has {input_ids.shape[0]} tokens (expected {input_ids.shape[0] - 1}); the "
+                "capture is inconsistent — check the backend's --enable-return-routed-experts output"
+            )
         return Row(
             input_ids=input_ids,
             prompt_len=int(row.prompt.shape[0]),
