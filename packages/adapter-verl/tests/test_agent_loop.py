@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import pathlib
 import sys
 import types
 from collections.abc import Iterator
@@ -16,25 +19,32 @@ torch = pytest.importorskip("torch")
 from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
     AgentLoopOutput,
+    AgentLoopWorker,
     DictConfigWrap,
     _agent_loop_registry,
 )
 
+from rollwire.gateway_client import GatewayAPIError  # noqa: E402
 from rollwire.protocol import Rollout  # noqa: E402
 from rollwire.testing import (  # noqa: E402
     failed_rollout,
     forked_rollout,
     merged_rollout,
     moe_rollout,
+    single_turn_rollout,
 )
 from rollwire.trajectory import TrajectoryBuilder  # noqa: E402
 from rollwire_verl import agent_loop as al  # noqa: E402
 from rollwire_verl.agent_loop import (  # noqa: E402
     RolloutFailedError,
     RollwireAgentLoop,
+    discover_server_addresses,
     rows_to_agent_loop_outputs,
+    served_model_name,
     session_sampling,
 )
+
+MODEL_PATH = "/models/Qwen3-0.6B"
 
 
 def _outputs(rollout: Rollout, **kw: Any) -> list[AgentLoopOutput]:
@@ -66,7 +76,8 @@ def test_single_row_output_matches_the_row() -> None:
     assert out.response_ids == row.response_ids.tolist()
     assert out.response_mask == row.loss_mask.tolist()
     np.testing.assert_allclose(out.response_logprobs, row.logprobs, rtol=1e-6)
-    assert out.reward_score == 0.5 and out.num_turns == 3
+    # verl's count: prompt + 3 assistant turns + 2 tool/user turns between them
+    assert out.reward_score == 0.5 and out.num_turns == 6
     assert out.extra_fields["reward_extra_info"] == {"turns": 3.0}
     assert out.extra_fields["rollout_id"] == "r-merged"
     d = _valid(out)
@@ -106,8 +117,12 @@ def test_failed_rollout_policies() -> None:
         _outputs(failed_rollout(), on_failure="raise")
     empty = failed_rollout()
     empty.calls = []
-    (o,) = _outputs(empty, fallback_prompt_ids=[5, 6, 7])
-    assert o.prompt_ids == [5, 6, 7] and o.response_ids == [] and o.reward_score == 0.0
+    (o,) = _outputs(empty, fallback_prompt_ids=[5, 6, 7], fallback_token_id=9)
+    # one masked token: verl's v1 as_dict writes the reward at response index -1
+    assert o.prompt_ids == [5, 6, 7] and o.response_ids == [9] and o.response_mask == [0]
+    assert o.reward_score == 0.0
+    d = _valid(o)
+    assert d["rm_scores"].tolist() == [0.0]
     with pytest.raises(ValueError, match="on_failure"):
         _outputs(failed_rollout(), on_failure="ignore")  # type: ignore[arg-type]
 
@@ -122,22 +137,37 @@ def test_session_sampling_maps_verl_params() -> None:
     }
     assert session_sampling(params) == {"temperature": 0.7, "top_p": 1.0}
     assert session_sampling({"top_k": 20, "repetition_penalty": 1.1})["top_k"] == 20
+    assert session_sampling(params, response_length=64)["max_tokens"] == 64
+    assert session_sampling({"max_tokens": 8}, response_length=64)["max_tokens"] == 8
 
 
 # -- run() ----------------------------------------------------------------------------------------
 
 
-def _make_loop(**options: Any) -> RollwireAgentLoop:
-    cfg = OmegaConf.create(
+def _config(prompt_length: int = 256, response_length: int = 256, **rollout: Any) -> Any:
+    return OmegaConf.create(
         {
-            "actor_rollout_ref": {"rollout": {"prompt_length": 256, "response_length": 256}},
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": prompt_length,
+                    "response_length": response_length,
+                    **rollout,
+                },
+                "model": {"path": MODEL_PATH, "use_shm": False},
+            },
             "data": {},
         }
     )
+
+
+def _make_loop(
+    server_manager: Any = None, tokenizer: Any = None, cfg: Any = None, **options: Any
+) -> RollwireAgentLoop:
+    cfg = cfg if cfg is not None else _config()
     return RollwireAgentLoop(
         DictConfigWrap(cfg),
-        None,
-        None,
+        server_manager,
+        tokenizer,
         None,
         None,
         DictConfigWrap(cfg.data),
@@ -205,7 +235,8 @@ async def test_run_with_a_stub_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert isinstance(out, list) and len(out) == 2
     assert gw.created["group_id"] == "task-uid-1" and gw.created["task_id"] == "3"
-    assert gw.created["sampling"] == {"temperature": 0.9, "top_p": 1.0}
+    assert gw.created["sampling"] == {"max_tokens": 256, "temperature": 0.9, "top_p": 1.0}
+    assert gw.created["sampling_policy"] == {"max_tokens": "min"}
     (payload,) = runner.payloads
     assert payload["raw_prompt"] == [{"role": "user", "content": "what is 6*7?"}]
     assert payload["index"] == 3 and payload["global_steps"] == 7
@@ -230,16 +261,18 @@ async def _agent(payload: dict[str, Any]) -> dict[str, Any]:
 
     client = async_openai_client(payload)
     messages = list(payload["raw_prompt"])
-    r1 = await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
+    model = payload["_rollwire"]["model"]
+    assert model == MODEL_PATH, model  # the name verl's vLLM serves
+    r1 = await client.chat.completions.create(model=model, messages=messages, max_tokens=16)
     messages += [
         {"role": "assistant", "content": r1.choices[0].message.content},
         {"role": "user", "content": "are you sure?"},
     ]
-    await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
+    await client.chat.completions.create(model=model, messages=messages, max_tokens=16)
     if payload.get("extra_info", {}).get("fork"):
         # a sub-agent style call whose history does not extend the row: a fork
         await client.chat.completions.create(
-            model="policy",
+            model=model,
             messages=[{"role": "user", "content": "FORK: summarise"}],
             max_tokens=16,
         )
@@ -278,7 +311,7 @@ async def test_run_end_to_end_through_gateway_and_engine(stack: tuple[Any, Any])
         out = await loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1}, **VERL_ROW)
         assert isinstance(out, AgentLoopOutput)
         d = _valid(out)
-        assert out.reward_score == 1.0 and out.num_turns == 2
+        assert out.reward_score == 1.0 and out.num_turns == 4  # prompt, 2 assistant, 1 user
         assert out.extra_fields["reward_extra_info"] == {"acc": 1.0}
         mask = np.array(out.response_mask)
         assert mask[0] == 1 and mask[-1] == 1 and 0 in mask  # sampled, user turn, sampled
@@ -310,3 +343,335 @@ async def test_run_with_in_process_gateway_over_verl_server_addresses(
         assert isinstance(out, AgentLoopOutput) and out.reward_score == 1.0
     finally:
         await al.aclose_resources()
+
+
+# -- verl's own post-processing of the outputs (v1 TransferQueue worker and legacy worker) --------
+
+
+def _tokenizer(pad_token_id: int = 0) -> Any:
+    """A real transformers tokenizer (pads like verl's workers do); the vocabulary is irrelevant."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": pad_token_id, "a": pad_token_id + 1}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<pad>")), pad_token="<pad>"
+    )
+
+
+class _FakeTQ(types.ModuleType):
+    """``transfer_queue`` (not installed here): records what verl's v1 worker puts."""
+
+    def __init__(self) -> None:
+        super().__init__("transfer_queue")
+        self.puts: list[dict[str, Any]] = []
+
+    def init(self) -> None:
+        return None
+
+    async def async_kv_put(self, **kw: Any) -> None:
+        return None
+
+    async def async_kv_batch_put(self, **kw: Any) -> None:
+        self.puts.append(kw)
+
+
+@pytest.fixture
+def v1_worker(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _FakeTQ]:
+    """verl 0.9.1's ``AgentLoopWorkerTQ`` (the v1 trainer's worker), loaded from its source file
+    with a stand-in ``transfer_queue``, unwrapped from ``ray.remote`` and built without Ray."""
+    import verl
+
+    fake = _FakeTQ()
+    monkeypatch.setitem(sys.modules, "transfer_queue", fake)
+    path = pathlib.Path(verl.__file__).parent / "trainer/ppo/v1/agent_loop_tq.py"
+    spec = importlib.util.spec_from_file_location("_rollwire_test_agent_loop_tq", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cls = module.AgentLoopWorkerTQ.__ray_metadata__.modified_class.__mro__[1]
+    assert cls.__name__ == "AgentLoopWorkerTQ"
+    worker = object.__new__(cls)
+    worker.reward_loop_worker_handles = None
+    worker.distillation_enabled = False
+    worker.processor = None
+    worker.tokenizer = _tokenizer()
+    return worker, fake
+
+
+def _legacy_worker(prompt_length: int, response_length: int) -> Any:
+    worker = object.__new__(AgentLoopWorker)
+    worker.reward_loop_worker_handles = None
+    worker.distillation_enabled = False
+    worker.processor = None
+    worker.mm_processor_kwargs = {}
+    worker.tokenizer = _tokenizer()
+    worker.rollout_config = types.SimpleNamespace(
+        prompt_length=prompt_length, response_length=response_length
+    )
+    return worker
+
+
+async def _run_stub(
+    monkeypatch: pytest.MonkeyPatch, rollout: Rollout, cfg: Any = None, **row: Any
+) -> tuple[list[AgentLoopOutput], _StubGateway, _StubRunner]:
+    gw, runner = _StubGateway(rollout), _StubRunner()
+    res = types.SimpleNamespace(client=lambda: gw, runner=runner)
+    monkeypatch.setattr(al, "_resources", lambda settings: res)
+    loop = _make_loop(cfg=cfg, tokenizer=_tokenizer(), gateway_url="http://gw", admin_key="k")
+    out = await loop.run({"temperature": 1.0}, **{**VERL_ROW, **row})
+    return (out if isinstance(out, list) else [out]), gw, runner
+
+
+async def test_v1_worker_tags_convert_to_int_global_steps(
+    monkeypatch: pytest.MonkeyPatch, v1_worker: tuple[Any, _FakeTQ]
+) -> None:
+    """verl's v1 trainer: AgentLoopWorkerTQ copies extra_fields[min/max_global_steps] into the
+    TransferQueue tags and _compute_metrics does np.array([...], dtype=int) on them."""
+    worker, fake = v1_worker
+    outs, _, _ = await _run_stub(monkeypatch, forked_rollout(), global_steps=7)
+    kwargs = {**VERL_ROW, "session_id": 0, "global_steps": 7}
+    await worker._agent_loop_postprocess(outs, False, **kwargs)
+    (put,) = fake.puts
+    tags = put["tags"]
+    assert put["keys"] == ["task-uid-1_0_0", "task-uid-1_0_1"]
+    assert put["fields"].batch_size[0] == 2  # verl's list_of_dict_to_tensordict took the fields
+    # the same conversion as verl's PPOTrainer._compute_metrics (v1/trainer_base.py)
+    lo = np.array([tag["min_global_steps"] for tag in tags], dtype=int)
+    hi = np.array([tag["max_global_steps"] for tag in tags], dtype=int)
+    # verl serves step k with the weights pushed at the end of step k-1 (version k-1)
+    assert lo.tolist() == hi.tolist() == [6, 6]
+    assert ((7 - 1) - hi).tolist() == [0, 0]  # trajectory_staleness: on-policy
+    # a captured integer policy version wins over the step
+    versioned = forked_rollout()
+    for call in versioned.calls:
+        call.policy_version = "5"
+    (out, *_), _, _ = await _run_stub(monkeypatch, versioned, global_steps=7)
+    assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 5
+
+
+async def test_v1_worker_takes_a_failed_rollout_without_usable_calls(
+    monkeypatch: pytest.MonkeyPatch, v1_worker: tuple[Any, _FakeTQ]
+) -> None:
+    worker, fake = v1_worker
+    empty = failed_rollout()
+    empty.calls = []
+    outs, _, _ = await _run_stub(monkeypatch, empty, global_steps=3)
+    await worker._agent_loop_postprocess(outs, False, **VERL_ROW, session_id=1, global_steps=3)
+    (put,) = fake.puts
+    fields = put["fields"]
+    assert int(fields["response_mask"].sum()) == 0
+    assert np.array([t["max_global_steps"] for t in put["tags"]], dtype=int).tolist() == [2]
+
+
+async def test_legacy_worker_pads_the_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's legacy AgentLoopWorker: _agent_loop_postprocess pads each output to
+    prompt_length/response_length, _postprocess stacks them into the DataProto it trains on."""
+    cfg = _config(prompt_length=16, response_length=12)
+    worker = _legacy_worker(16, 12)
+    rows = [merged_rollout(), single_turn_rollout()]
+    internals = []
+    for rollout in rows:
+        outs, _, _ = await _run_stub(monkeypatch, rollout, cfg=cfg, global_steps=2)
+        (last,) = outs
+        internals.append(await worker._agent_loop_postprocess(last, False, **VERL_ROW))
+    data = worker._postprocess(internals, input_non_tensor_batch=None)
+    data.check_consistency()
+    b = data.batch
+    assert b["prompts"].shape == (2, 16) and b["responses"].shape == (2, 12)
+    # merged_rollout: 17 response tokens cut to the first 12, mask and log-probs with them
+    (row,) = TrajectoryBuilder().build(merged_rollout())
+    assert b["responses"][0].tolist() == row.response_ids[:12].tolist()
+    assert b["response_mask"][0].tolist() == row.loss_mask[:12].tolist()
+    np.testing.assert_allclose(b["rollout_log_probs"][0].numpy(), row.logprobs[:12], rtol=1e-6)
+    assert b["rm_scores"][0].tolist() == [0.0] * 11 + [0.5]
+    assert b["rm_scores"][1].tolist() == [0.0] * 4 + [1.0] + [0.0] * 7
+    assert list(data.non_tensor_batch["__num_turns__"]) == [6, 2]
+    assert list(data.non_tensor_batch["max_global_steps"]) == [1, 1]
+    assert data.meta_info["reward_extra_keys"] == ["turns"]
+    # the MoE rollout's routing lands at verl's column: P - len(prompt) + j
+    moe_worker = _legacy_worker(16, 12)
+    (moe,), _, _ = await _run_stub(monkeypatch, moe_rollout(), cfg=cfg, global_steps=2)
+    internal = await moe_worker._agent_loop_postprocess(moe, False, **VERL_ROW)
+    (moe_row,) = TrajectoryBuilder().build(moe_rollout())
+    assert moe_row.routed_experts is not None
+    placed = internal.routed_experts[0]
+    assert placed.shape == (28, 2, 2)
+    np.testing.assert_array_equal(placed[10 : 10 + 14].numpy(), moe_row.routed_experts)
+
+
+async def test_outputs_are_cut_to_the_rollout_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like verl's loops: the first response_length response tokens (mask, log-probs, routing
+    cut with them), the last prompt_length prompt tokens; max_tokens defaults to response_length."""
+    cfg = _config(prompt_length=4, response_length=5)
+    (out,), gw, _ = await _run_stub(monkeypatch, moe_rollout(), cfg=cfg, global_steps=1)
+    (row,) = TrajectoryBuilder().build(moe_rollout())
+    assert row.prompt_len == 6 and len(row.response_ids) == 9
+    assert out.prompt_ids == row.prompt_ids[-4:].tolist()
+    assert out.response_ids == row.response_ids[:5].tolist()
+    assert out.response_mask == row.loss_mask[:5].tolist()
+    np.testing.assert_allclose(out.response_logprobs or [], row.logprobs[:5], rtol=1e-6)
+    assert row.routed_experts is not None
+    np.testing.assert_array_equal(out.routed_experts, row.routed_experts[2 : 6 + 5])
+    assert out.extra_fields["rollwire_truncated"] is True
+    assert gw.created["sampling"]["max_tokens"] == 5
+    d = _valid(out)
+    assert d["routed_experts"].shape == (9, 2, 2)
+
+
+def test_model_defaults_to_what_verls_server_serves() -> None:
+    assert _make_loop(gateway_url="http://gw", admin_key="k").model == MODEL_PATH
+    assert served_model_name(_config()) == MODEL_PATH
+    named = _config(prometheus={"enable": True, "served_model_name": "org/tiny-model"})
+    assert served_model_name(named) == "tiny-model"  # verl keeps the part after the last /
+    assert _make_loop(gateway_url="http://gw", admin_key="k", model="mine").model == "mine"
+    no_path = OmegaConf.create({"actor_rollout_ref": {"rollout": {}}, "data": {}})
+    with pytest.raises(ValueError, match=r"model\.path"):
+        served_model_name(no_path)
+
+
+async def test_run_tells_the_agent_the_served_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, runner = await _run_stub(monkeypatch, merged_rollout(), global_steps=1)
+    (payload,) = runner.payloads
+    assert payload["_rollwire"]["model"] == MODEL_PATH
+
+
+class _Remote:
+    """``actor.method.remote(...)`` of a Ray actor handle, answered with an awaitable."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def remote(self, *a: Any, **kw: Any) -> Any:
+        async def answer() -> Any:
+            return self.value
+
+        return answer()
+
+
+async def test_discover_server_addresses_from_verls_objects() -> None:
+    # verl 0.9.1 hands the loop an LLMServerClient: the router actor lists the servers
+    client = types.SimpleNamespace(
+        _load_balancer=types.SimpleNamespace(get_all_servers=_Remote(["10.0.0.2:8000"]))
+    )
+    assert await discover_server_addresses(client) == ("http://10.0.0.2:8000",)
+    manager = types.SimpleNamespace(server_addresses=["10.0.0.3:9000", "10.0.0.1:9000"])
+    assert await discover_server_addresses(manager) == (
+        "http://10.0.0.1:9000",
+        "http://10.0.0.3:9000",
+    )
+    with pytest.raises(ValueError, match="gateway_url"):
+        await discover_server_addresses(None)
+
+
+async def test_complete_quietly_swallows_only_a_conflict() -> None:
+    class Gw:
+        def __init__(self, status: int) -> None:
+            self.status = status
+
+        async def complete(self, *a: Any, **kw: Any) -> None:
+            raise GatewayAPIError(self.status, "nope")
+
+    await al._complete_quietly(Gw(409), "s", "failed", "x")
+    with pytest.raises(GatewayAPIError):
+        await al._complete_quietly(Gw(500), "s", "failed", "x")
+
+
+async def test_fallback_prompt_is_lazy_and_a_template_error_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Tok:
+        pad_token_id = 3
+        calls = 0
+
+        def apply_chat_template(self, *a: Any, **kw: Any) -> list[int]:
+            Tok.calls += 1
+            raise ValueError("no chat template")
+
+    gw, runner = _StubGateway(merged_rollout()), _StubRunner()
+    res = types.SimpleNamespace(client=lambda: gw, runner=runner)
+    monkeypatch.setattr(al, "_resources", lambda settings: res)
+    loop = _make_loop(tokenizer=Tok(), gateway_url="http://gw", admin_key="k")
+    await loop.run({"temperature": 1.0}, **VERL_ROW, global_steps=1)
+    assert Tok.calls == 0  # a rollout with rows needs no fallback prompt
+    empty = failed_rollout()
+    empty.calls = []
+    gw.rollout_obj = empty
+    with caplog.at_level(logging.WARNING, logger="rollwire_verl.agent_loop"):
+        out = await loop.run({"temperature": 1.0}, **VERL_ROW, global_steps=1)
+    assert Tok.calls == 1 and "no chat template" in caplog.text
+    assert isinstance(out, AgentLoopOutput)
+    assert out.prompt_ids == [3] and out.response_ids == [3] and out.response_mask == [0]
+
+
+async def test_run_discovers_verls_servers_when_no_gateway_is_configured(
+    stack: tuple[Any, Any],
+) -> None:
+    """No gateway_url, no backends: an in-process gateway over the addresses of the server
+    manager verl hands the loop (here a stand-in shaped like verl's, over the embedded engine)."""
+    engine, _ = stack
+    address = engine.url.removeprefix("http://")  # verl reports servers as "ip:port"
+    client = types.SimpleNamespace(
+        _load_balancer=types.SimpleNamespace(get_all_servers=_Remote([address]))
+    )
+    loop = _make_loop(server_manager=client, agent="rollwire_verl_test_agent:agent")
+    try:
+        out = await loop.run({"temperature": 1.0}, **VERL_ROW, global_steps=4)
+        assert isinstance(out, AgentLoopOutput) and out.reward_score == 1.0
+        assert out.extra_fields["max_global_steps"] is not None
+        (res,) = al._RESOURCES.values()
+        assert res.settings.backends == (engine.url,)
+    finally:
+        await al.aclose_resources()
+
+
+def test_shipped_yaml_instantiates_the_loop_like_verl(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    """As verl's AgentLoopWorker does: OmegaConf.load the agent_loop_config_path into the
+    registry, then hydra.utils.instantiate the entry with the worker's keyword arguments."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import ToolListWrap
+
+    import rollwire_verl
+
+    def load(path: str) -> Any:
+        for entry in OmegaConf.load(path):  # AgentLoopWorker.__init__
+            monkeypatch.setitem(_agent_loop_registry, entry.name, entry)
+        cfg = _config()
+        return hydra.utils.instantiate(  # AgentLoopWorker._run_agent_loop
+            config=_agent_loop_registry["rollwire_agent"],
+            trainer_config=DictConfigWrap(config=cfg),
+            server_manager=None,
+            tokenizer=None,
+            processor=None,
+            hf_model_type=None,
+            dataset_cls=None,
+            data_config=DictConfigWrap(cfg.data),
+            tools=ToolListWrap([]),
+        )
+
+    loop = load(rollwire_verl.AGENT_LOOP_CONFIG_PATH)
+    assert type(loop) is RollwireAgentLoop
+    assert loop.settings.runner == "local" and loop.model == MODEL_PATH
+    # a copy with rollwire keys: verl passes them to the constructor
+    custom = tmp_path / "agent_loop.yaml"
+    custom.write_text(
+        pathlib.Path(rollwire_verl.AGENT_LOOP_CONFIG_PATH).read_text()
+        + "  gateway_url: http://gw:8000\n  admin_key: k\n  multi_row: last\n"
+        + "  model: served\n  backends: ['10.0.0.1:8000']\n"
+    )
+    loop = load(str(custom))
+    assert loop.settings.gateway_url == "http://gw:8000" and loop.settings.multi_row == "last"
+    assert loop.model == "served" and loop.settings.backends == ("http://10.0.0.1:8000",)
+
+
+def test_session_options_from_yaml_are_hashable_and_json_able() -> None:
+    opts = OmegaConf.create({"sampling_policy": {"temperature": "agent"}, "max_calls": 8})
+    s = al.LoopSettings.from_options({"session_options": opts})
+    hash(s)
+    assert al._thaw(s.session_options) == {
+        "max_calls": 8,
+        "sampling_policy": {"temperature": "agent"},
+    }

@@ -17,9 +17,15 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa: 
 import rollwire_verl  # noqa: E402
 from rollwire.adapters import TrainerAdapter  # noqa: E402
 from rollwire.protocol import Group, ModelCall, Rollout  # noqa: E402
-from rollwire.rewards import group_advantages  # noqa: E402
 from rollwire.testing import TrainerAdapterConformance, sample_batch  # noqa: E402
-from rollwire_verl import grpo_advantages, normalize_rewards, to_dataproto  # noqa: E402
+from rollwire.trajectory import build_rows  # noqa: E402
+from rollwire_verl import (  # noqa: E402
+    ConversionReport,
+    flatten_dataproto,
+    grpo_advantages,
+    normalize_rewards,
+    to_dataproto,
+)
 
 PAD = 99
 
@@ -105,24 +111,27 @@ def test_exact_tensors_for_a_two_turn_rollout() -> None:
     assert "routed_experts" not in b
     nt = dp.non_tensor_batch
     assert list(nt["uid"]) == ["g", "g"] and list(nt["rollout_id"]) == ["two", "one"]
-    assert list(nt["__num_turns__"]) == [2, 1] and list(nt["row_index"]) == [0, 0]
+    # verl's count: prompt + assistant turns + tool turns between them (one call = 2)
+    assert list(nt["__num_turns__"]) == [4, 2] and list(nt["row_index"]) == [0, 0]
     assert list(nt["multi_modal_inputs"]) == [{}, {}]
     assert nt["multi_modal_inputs"][0] is not nt["multi_modal_inputs"][1]
     assert list(nt["status"]) == ["completed", "completed"]
     assert list(nt["acc"]) == [1.0, 0.0]
-    assert dp.meta_info["reward_extra_keys"] == ["acc"]
-    assert len(dp.meta_info["metrics"]) == 2
-    assert dp.meta_info["rollwire"]["dropped"] == 0
+    # nothing batch-specific in meta_info: verl's DataProto.concat asserts it agrees
+    assert dp.meta_info == {"reward_extra_keys": ["acc"]}
+    _, report = to_dataproto([two_turn(), one_turn()], return_report=True)
+    assert report == ConversionReport(rows=2)
 
 
 def test_reward_sits_at_last_response_token_like_verl() -> None:
-    dp = to_dataproto(sample_batch(), pad_token_id=0)
+    dp = to_dataproto(sample_batch(), pad_token_id=0, failure_reward=-3.0)
     p = dp.batch["prompts"].shape[1]
     last = dp.batch["attention_mask"][:, p:].sum(dim=1) - 1  # verl's own rule
-    nonzero = dp.batch["rm_scores"] != 0
-    for i in range(len(dp)):
-        idx = torch.nonzero(nonzero[i]).flatten().tolist()
-        assert idx in ([], [int(last[i])])
+    rewards = {"a0": 1.0, "a1": 0.5, "a2": -0.5, "b0": 2.0, "b1": 0.0, "b2": -3.0}
+    for i, rid in enumerate(dp.non_tensor_batch["rollout_id"]):
+        expected = torch.zeros(dp.batch["rm_scores"].shape[1])
+        expected[int(last[i])] = rewards[rid]
+        assert torch.equal(dp.batch["rm_scores"][i], expected), rid
 
 
 def test_passes_check_consistency_and_survives_concat_repeat_chunk(tmp_path: Path) -> None:
@@ -150,6 +159,26 @@ def test_passes_check_consistency_and_survives_concat_repeat_chunk(tmp_path: Pat
     assert list(back.non_tensor_batch["uid"]) == list(dp.non_tensor_batch["uid"])
 
 
+def test_separate_conversions_concat() -> None:
+    """Batches converted one at a time (one per step, per worker) concatenate in verl."""
+    g0, g1 = sample_batch()
+    opts: dict[str, Any] = {"max_prompt_length": 16, "max_response_length": 24}
+    a = to_dataproto([g0], **opts, routed_experts=False)
+    b, report = to_dataproto([g1], **opts, routed_experts=False, return_report=True)
+    assert report == ConversionReport(rows=3, failed=1)
+    both = DataProto.concat([a, b])
+    both.check_consistency()
+    assert list(both.non_tensor_batch["rollout_id"]) == ["a0", "a1", "a2", "a2", "b0", "b1", "b2"]
+    assert both.meta_info == {"reward_extra_keys": ["turns"]}
+    # batches whose rollouts report different metrics: fix the columns with reward_extra_keys
+    keys = ["acc"]
+    fixed: dict[str, Any] = {"max_prompt_length": 8, "max_response_length": 8}
+    x = to_dataproto([two_turn()], **fixed, reward_extra_keys=keys)
+    y = to_dataproto([one_turn()], **fixed, reward_extra_keys=keys)
+    xy = DataProto.concat([x, y])
+    assert list(xy.non_tensor_batch["acc"]) == [1.0, 0.0]
+
+
 def test_verl_grpo_groups_by_uid_and_zeroes_masked_tokens() -> None:
     batch = [
         two_turn("a", "g1", 1.0),
@@ -175,16 +204,26 @@ def test_verl_grpo_groups_by_uid_and_zeroes_masked_tokens() -> None:
 
 
 def test_forked_rollout_counts_once_in_its_group() -> None:
-    groups = sample_batch()
-    dp = to_dataproto(groups, pad_token_id=0)
+    dp = to_dataproto(sample_batch(), pad_token_id=0)
     per_row = normalize_rewards(dp)
-    expected = group_advantages(groups, failure_reward=0.0)
-    for rid, adv in zip(dp.non_tensor_batch["rollout_id"], per_row):
-        assert adv == pytest.approx(expected[rid], abs=1e-5)
-    rows_a2 = [i for i, r in enumerate(dp.non_tensor_batch["rollout_id"]) if r == "a2"]
-    assert len(rows_a2) == 2
-    advantages, _ = grpo_advantages(dp)
-    assert torch.equal(dp.batch["advantages"], advantages)
+    # by hand, (r - mean) / std(ddof=1) over rollouts: g0 = [1.0, 0.5, -0.5] (a2 forked into
+    # 2 rows, counted once); g1 = [2.0, 0.0, 0.0] (b2 failed: failure_reward 0.0)
+    expected = {
+        "a0": 0.872872,
+        "a1": 0.218218,
+        "a2": -1.091088,
+        "b0": 1.154700,
+        "b1": -0.577350,
+        "b2": -0.577350,
+    }
+    rids = list(dp.non_tensor_batch["rollout_id"])
+    assert rids == ["a0", "a1", "a2", "a2", "b0", "b1", "b2"]
+    np.testing.assert_allclose(per_row, [expected[r] for r in rids], atol=1e-5)
+    advantages, returns = grpo_advantages(dp)
+    assert advantages.data_ptr() != returns.data_ptr()  # two tensors, not one twice
+    assert torch.equal(returns, advantages)
+    assert dp.batch["advantages"].data_ptr() == advantages.data_ptr()
+    assert dp.batch["returns"].data_ptr() == returns.data_ptr()
     assert torch.all(advantages[dp.batch["response_mask"] == 0] == 0)
     # verl's row-level GRPO counts a2 twice: a different (biased) group mean
     verl_adv, _ = compute_grpo_outcome_advantage(
@@ -209,12 +248,10 @@ def test_overlong_truncate_keeps_prompt_tail_and_response_head() -> None:
     assert b["rm_scores"].tolist() == [[0, 0, 0, 1.0], [0, 0, 0, 0]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]
     assert list(dp.non_tensor_batch["truncated"]) == [True, True]
-    assert dp.meta_info["rollwire"] == {
-        "dropped": 0,
-        "truncated": 2,
-        "failed": 0,
-        "excluded_failed": 0,
-    }
+    _, report = to_dataproto(
+        [two_turn(), one_turn()], max_prompt_length=2, max_response_length=4, return_report=True
+    )
+    assert report == ConversionReport(rows=2, truncated=2)
 
 
 def test_fixed_lengths_pad_to_the_limits() -> None:
@@ -224,12 +261,16 @@ def test_fixed_lengths_pad_to_the_limits() -> None:
 
 
 def test_overlong_drop_skips_and_counts() -> None:
-    dp = to_dataproto(
-        [two_turn(), one_turn()], pad_token_id=PAD, max_response_length=4, overlong="drop"
+    dp, report = to_dataproto(
+        [two_turn(), one_turn()],
+        pad_token_id=PAD,
+        max_response_length=4,
+        overlong="drop",
+        return_report=True,
     )
     assert len(dp) == 1 and list(dp.non_tensor_batch["rollout_id"]) == ["one"]
     assert dp.batch["responses"].shape == (1, 4)
-    assert dp.meta_info["rollwire"]["dropped"] == 1
+    assert report == ConversionReport(rows=2, dropped=1)
     with pytest.raises(ValueError, match="1 dropped as over-long"):
         to_dataproto([two_turn()], max_response_length=2, overlong="drop")
     with pytest.raises(ValueError, match="overlong"):
@@ -259,9 +300,11 @@ def test_failed_rollouts_policy() -> None:
     assert int(dp.batch["response_mask"][i].sum()) == 0
     assert torch.all(dp.batch["rollout_log_probs"][i] == 0)
     assert float(dp.batch["rm_scores"][i].sum()) == -1.0
-    excluded = to_dataproto(groups, pad_token_id=0, include_failed=False)
+    excluded, report = to_dataproto(
+        groups, pad_token_id=0, include_failed=False, return_report=True
+    )
     assert "b2" not in list(excluded.non_tensor_batch["rollout_id"])
-    assert excluded.meta_info["rollwire"]["excluded_failed"] == 1
+    assert report.excluded_failed == 1 and report.failed == 1
 
 
 def test_flat_rollouts_group_by_group_id() -> None:
@@ -279,3 +322,39 @@ def test_clear_errors() -> None:
         to_dataproto([Group(group_id="g", rollouts=[r])])
     with pytest.raises(ValueError, match="positive"):
         to_dataproto([one_turn()], max_prompt_length=0)
+
+
+def test_normalize_rewards_uses_the_outcome_reward_not_kl_shaped_rewards() -> None:
+    dp = to_dataproto(sample_batch(), pad_token_id=0)
+    before = normalize_rewards(dp)
+    # verl's apply_kl_penalty: token_level_rewards = scores - beta * KL, different on every row
+    kl = torch.rand(dp.batch["rm_scores"].shape) * dp.batch["response_mask"]
+    dp.batch["token_level_scores"] = dp.batch["rm_scores"].clone()
+    dp.batch["token_level_rewards"] = dp.batch["rm_scores"] - 0.1 * kl
+    np.testing.assert_allclose(normalize_rewards(dp), before, atol=1e-6)
+    # rows of one rollout that disagree on the outcome reward: no silent first-row-wins
+    i = list(dp.non_tensor_batch["rollout_id"]).index("a2")
+    dp.batch["rm_scores"][i + 1] *= 2.0
+    with pytest.raises(ValueError, match="a2"):
+        normalize_rewards(dp)
+
+
+def test_flatten_recovers_the_builders_routed_experts() -> None:
+    batch = sample_batch()
+    dp = to_dataproto(batch, pad_token_id=0)
+    assert list(dp.non_tensor_batch["has_routed_experts"]) == [False] * 4 + [True] + [False] * 2
+    expected = {(r.rollout_id, r.row_index): r.routed_experts for r in build_rows(batch)}
+    p = dp.batch["prompts"].shape[1]
+    plens = dp.batch["attention_mask"][:, :p].sum(dim=1)
+    rlens = dp.batch["attention_mask"][:, p:].sum(dim=1)
+    rows = flatten_dataproto(dp)
+    for i, rid in enumerate(dp.non_tensor_batch["rollout_id"]):
+        want = expected[(rid, int(dp.non_tensor_batch["row_index"][i]))]
+        if want is None:
+            assert not dp.non_tensor_batch["has_routed_experts"][i]
+            assert rows[i].routed_experts is None
+            continue
+        pl, rl = int(plens[i]), int(rlens[i])
+        got = dp.batch["routed_experts"][i, p - pl : p + rl - 1].numpy()
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(rows[i].routed_experts, want)

@@ -34,13 +34,9 @@ def test_plugin_loader_finds_the_adapter() -> None:
 
 
 def test_agent_loop_yaml_is_shipped() -> None:
+    # how verl loads it (OmegaConf + hydra.utils.instantiate) is tested in test_agent_loop.py
     from pathlib import Path
-
-    import yaml
 
     import rollwire_verl
 
-    entries = yaml.safe_load(Path(rollwire_verl.AGENT_LOOP_CONFIG_PATH).read_text())
-    assert entries == [
-        {"name": "rollwire_agent", "_target_": "rollwire_verl.agent_loop.RollwireAgentLoop"}
-    ]
+    assert Path(rollwire_verl.AGENT_LOOP_CONFIG_PATH).is_file()

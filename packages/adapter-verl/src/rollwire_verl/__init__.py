@@ -18,10 +18,12 @@ if TYPE_CHECKING:
         normalize_rewards,
         to_dataproto,
     )
+    from rollwire_verl.layout import ConversionReport
 
 __all__ = [
     "AGENT_LOOP_CONFIG_PATH",
     "DEFAULT_PAD_TOKEN_ID",
+    "ConversionReport",
     "VerlAdapter",
     "adapter",
     "flatten_dataproto",
@@ -38,6 +40,10 @@ def __getattr__(name: str) -> Any:
         from rollwire_verl import dataproto
 
         return getattr(dataproto, name)
+    if name == "ConversionReport":
+        from rollwire_verl.layout import ConversionReport
+
+        return ConversionReport
     if name == "AGENT_LOOP_CONFIG_PATH":
         from importlib.resources import files
 

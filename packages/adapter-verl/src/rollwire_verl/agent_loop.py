@@ -6,22 +6,34 @@ verl instantiates the loop once per sample (``hydra.utils.instantiate``) and awa
 captured rollout and turns its rows into ``AgentLoopOutput``s — one, or a list when the rollout
 forked (verl's v1 trainer accepts a list; see ``multi_row``).
 
-The gateway's backends are verl's own inference servers (``LLMServerManager.get_addresses()``):
-either an external gateway (``gateway_url``) that the driver registered them on, or an in-process
-gateway this process starts over ``backends``. Gateway, runner and clients are expensive and verl
-builds a loop per sample, so they live in a per-process cache keyed by the loop's settings.
+The gateway's backends are verl's own inference servers: an external gateway (``gateway_url``)
+that the driver registered them on, an in-process gateway this process starts over ``backends``,
+or — with neither set — an in-process gateway over the addresses discovered at run time from the
+``server_manager`` verl hands the loop (:func:`discover_server_addresses`; Ray picks the ports, so
+they cannot be configured in advance). Gateway, runner and clients are expensive and verl builds a
+loop per sample, so they live in a per-process cache keyed by the loop's settings.
+
+Each output follows verl's own loops: at most ``rollout.response_length`` response tokens (the
+first ones; mask, log-probs and routing cut with them — :func:`rollwire_verl.layout.cut_row`), at
+most ``rollout.prompt_length`` prompt tokens (the last ones), ``num_turns`` counted as verl counts
+it, and ``extra_fields["min_global_steps"/"max_global_steps"]`` set (verl's v1 trainer turns them
+into ``int`` arrays for its staleness metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import importlib
+import inspect
+import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -33,8 +45,12 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from rollwire.context import PAYLOAD_KEY
+from rollwire.gateway_client import GatewayAPIError
 from rollwire.protocol import TERMINAL_STATUSES, Rollout, Row
 from rollwire.trajectory import BuildMode, TrajectoryBuilder
+from rollwire_verl.layout import cut_row, verl_num_turns
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AGENT_NAME",
@@ -42,7 +58,9 @@ __all__ = [
     "RolloutFailedError",
     "RollwireAgentLoop",
     "aclose_resources",
+    "discover_server_addresses",
     "rows_to_agent_loop_outputs",
+    "served_model_name",
     "session_sampling",
 ]
 
@@ -70,23 +88,56 @@ def _row_output(
     trainable: bool,
     metrics: AgentLoopMetrics,
     extra: dict[str, Any],
+    max_prompt_length: int | None,
+    max_response_length: int | None,
 ) -> AgentLoopOutput:
-    mask = row.loss_mask.astype(np.int64) if trainable else np.zeros(row.loss_mask.shape, np.int64)
-    logprobs = row.logprobs if trainable else np.zeros(row.logprobs.shape, np.float32)
+    cut = cut_row(row, max_prompt_length=max_prompt_length, max_response_length=max_response_length)
+    mask = cut.mask.astype(np.int64) if trainable else np.zeros(cut.mask.shape, np.int64)
+    logprobs = cut.logprobs if trainable else np.zeros(cut.logprobs.shape, np.float32)
     experts = None
-    if row.routed_experts is not None:
-        experts = np.ascontiguousarray(row.routed_experts, dtype=np.int16)
+    if cut.experts is not None:
+        experts = np.ascontiguousarray(cut.experts, dtype=np.int16)
+    if cut.truncated:
+        extra["rollwire_truncated"] = True
     return AgentLoopOutput(
-        prompt_ids=row.prompt_ids.tolist(),
-        response_ids=row.response_ids.tolist(),
+        prompt_ids=cut.prompt.tolist(),
+        response_ids=cut.response.tolist(),
         response_mask=mask.tolist(),
         response_logprobs=logprobs.astype(np.float64).tolist(),
         routed_experts=experts,
         reward_score=reward,
-        num_turns=row.num_turns,
+        num_turns=verl_num_turns(row),
         metrics=metrics,
         extra_fields=extra,
     )
+
+
+def _weight_versions(
+    rollout: Rollout, row: Row | None, global_steps: int | None
+) -> tuple[int | None, int | None]:
+    """``(min, max)`` weight version a row was sampled with, as verl's v1 trainer wants them.
+
+    The calls' ``policy_version`` when every call of the row has an integer one; otherwise the
+    version verl's sync trainer serves during step ``global_steps``: ``global_steps - 1`` (it
+    pushes weights with ``update_weights(global_steps)`` at the end of each step, and version 0
+    before the first), which is what its own loops report.
+    """
+    ids = set(row.call_ids) if row is not None else None
+    versions: list[int] = []
+    for call in rollout.calls:
+        if ids is not None and call.call_id not in ids:
+            continue
+        try:
+            versions.append(int(str(call.policy_version)))
+        except ValueError:
+            versions = []
+            break
+    if versions:
+        return min(versions), max(versions)
+    if global_steps is None:
+        return None, None
+    step = max(int(global_steps) - 1, 0)
+    return step, step
 
 
 def rows_to_agent_loop_outputs(
@@ -96,8 +147,12 @@ def rows_to_agent_loop_outputs(
     on_failure: FailurePolicy = "zero",
     failure_reward: float = 0.0,
     multi_row: MultiRow = "list",
-    fallback_prompt_ids: Sequence[int] | None = None,
+    fallback_prompt_ids: Sequence[int] | Callable[[], Sequence[int]] | None = None,
     reward_extra_keys: Sequence[str] | None = None,
+    global_steps: int | None = None,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    fallback_token_id: int = 0,
 ) -> AgentLoopOutput | list[AgentLoopOutput]:
     """verl agent-loop output(s) of a finished rollout and its rows. Pure: no I/O.
 
@@ -107,7 +162,16 @@ def rows_to_agent_loop_outputs(
     ``extra_fields["reward_extra_info"]`` (the rollout's metrics). A failed rollout gets
     ``failure_reward`` and an all-zero mask (``on_failure="zero"``), or raises
     :class:`RolloutFailedError` (``"raise"``). A failed rollout with no usable call becomes one
-    output of ``fallback_prompt_ids`` and an empty response.
+    output of ``fallback_prompt_ids`` (a list, or a callable evaluated only then) and a one-token
+    masked response of ``fallback_token_id`` (verl's v1 ``as_dict`` writes the reward at index -1
+    of the response, so it cannot be empty).
+
+    Outputs are cut like verl's loops cut theirs (:func:`rollwire_verl.layout.cut_row`): the last
+    ``max_prompt_length`` prompt tokens, the first ``max_response_length`` response tokens (mask,
+    log-probs and routing with them; ``extra_fields["rollwire_truncated"]`` marks the cut).
+    Every output carries ``extra_fields["min_global_steps"/"max_global_steps"]``, from the calls'
+    integer ``policy_version`` or else ``global_steps - 1`` (see :func:`_weight_versions`).
+    ``num_turns`` is verl's count (:func:`rollwire_verl.layout.verl_num_turns`).
     """
     if on_failure not in ("zero", "raise"):
         raise ValueError(f"on_failure must be 'zero' or 'raise', got {on_failure!r}")
@@ -126,12 +190,15 @@ def rows_to_agent_loop_outputs(
     latency = sum(c.latency_ms for c in rollout.calls) / 1000.0
     metrics = AgentLoopMetrics(generate_sequences=latency)
 
-    def extra(row_index: int, final: bool, fork: str | None) -> dict[str, Any]:
+    def extra(row: Row | None, final: bool) -> dict[str, Any]:
+        lo, hi = _weight_versions(rollout, row, global_steps)
         out: dict[str, Any] = {
             "rollout_id": rollout.rollout_id,
-            "row_index": row_index,
+            "row_index": row.row_index if row is not None else 0,
             "rollwire_status": rollout.status,
-            "fork": fork,
+            "fork": row.fork.kind if row is not None and row.fork else None,
+            "min_global_steps": lo,
+            "max_global_steps": hi,
         }
         if final:
             out["reward_extra_info"] = dict(reward_extra_info)
@@ -142,16 +209,19 @@ def rows_to_agent_loop_outputs(
             raise ValueError(
                 f"rollout {rollout.rollout_id} completed with no usable model call: nothing to train"
             )
-        prompt = list(fallback_prompt_ids or [0])
+        fallback = fallback_prompt_ids() if callable(fallback_prompt_ids) else fallback_prompt_ids
+        prompt = [int(t) for t in (fallback or [fallback_token_id])]
+        if max_prompt_length is not None:
+            prompt = prompt[-max_prompt_length:]
         return AgentLoopOutput(
-            prompt_ids=[int(t) for t in prompt],
-            response_ids=[],
-            response_mask=[],
-            response_logprobs=[],
+            prompt_ids=prompt,
+            response_ids=[int(fallback_token_id)],
+            response_mask=[0],
+            response_logprobs=[0.0],
             reward_score=reward,
-            num_turns=0,
+            num_turns=1,
             metrics=metrics,
-            extra_fields=extra(0, True, None),
+            extra_fields=extra(None, True),
         )
     chosen = list(rows) if multi_row == "list" else [rows[-1]]
     outputs = [
@@ -160,7 +230,9 @@ def rows_to_agent_loop_outputs(
             reward=reward,
             trainable=not failed,
             metrics=metrics,
-            extra=extra(row.row_index, i == len(chosen) - 1, row.fork.kind if row.fork else None),
+            extra=extra(row, i == len(chosen) - 1),
+            max_prompt_length=max_prompt_length,
+            max_response_length=max_response_length,
         )
         for i, row in enumerate(chosen)
     ]
@@ -183,14 +255,16 @@ class LoopSettings:
     agent: str | None = None
     mode: BuildMode = "merge"
     capture: str = "passthrough"
-    model: str = "policy"
+    #: model name the agent is told; None = what verl's server serves (:func:`served_model_name`)
+    model: str | None = None
     deadline: float = 600.0
     deadline_grace: float = 15.0
     on_failure: FailurePolicy = "zero"
     failure_reward: float = 0.0
     multi_row: MultiRow = "list"
     reward_extra_keys: tuple[str, ...] | None = None
-    session_options: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    #: extra session fields, frozen (:func:`_freeze`) so the settings stay hashable
+    session_options: Any = ("__map__",)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> LoopSettings:
@@ -216,15 +290,36 @@ class LoopSettings:
             agent=pick("agent"),
             mode=pick("mode", "merge"),
             capture=str(pick("capture", "passthrough")),
-            model=str(pick("model", "policy")),
+            model=None if pick("model") is None else str(pick("model")),
             deadline=float(pick("deadline", 600.0)),
             deadline_grace=float(pick("deadline_grace", 15.0)),
             on_failure=pick("on_failure", "zero"),
             failure_reward=float(pick("failure_reward", 0.0)),
             multi_row=pick("multi_row", "list"),
             reward_extra_keys=tuple(extra_keys) if extra_keys is not None else None,
-            session_options=tuple(sorted(dict(options.get("session_options") or {}).items())),
+            session_options=_freeze(options.get("session_options") or {}),
         )
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable form of YAML/OmegaConf options (settings are a cache key): mappings become
+    sorted ``(key, value)`` tuples marked by a leading ``"__map__"``, lists become tuples."""
+    if isinstance(value, Mapping) or hasattr(value, "items"):
+        return ("__map__", *sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)) or (
+        hasattr(value, "__iter__") and not isinstance(value, (str, bytes))
+    ):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    """Inverse of :func:`_freeze`: plain dicts and lists (JSON-able)."""
+    if isinstance(value, tuple) and value[:1] == ("__map__",):
+        return {k: _thaw(v) for k, v in value[1:]}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
 
 
 def _http_url(address: str) -> str:
@@ -240,6 +335,74 @@ def _import_object(spec: str) -> Any:
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def served_model_name(trainer_config: Any) -> str:
+    """The model name verl's inference servers answer to, from the trainer config.
+
+    verl 0.9.1 starts vLLM/SGLang with the model's *local* path (``HFModelConfig.local_path =
+    copy_to_local(model.path, use_shm=model.use_shm)``) and sets ``served_model_name`` only with
+    ``rollout.prometheus.enable`` and ``rollout.prometheus.served_model_name`` (keeping the part
+    after the last ``/``); a request for any other name is a 404.
+    """
+    ref = trainer_config.actor_rollout_ref
+    prometheus = ref.rollout.get("prometheus") or {}
+    if prometheus.get("enable") and prometheus.get("served_model_name"):
+        return str(prometheus["served_model_name"]).split("/")[-1]
+    model = ref.get("model") or {}
+    path = model.get("path")
+    if not path:
+        raise ValueError(
+            "cannot tell the model name verl's servers use: actor_rollout_ref.model.path is "
+            "not set; set model in the agent-loop YAML or ROLLWIRE_MODEL"
+        )
+    return _local_model_path(str(path), bool(model.get("use_shm", False)))
+
+
+@functools.lru_cache(maxsize=8)
+def _local_model_path(path: str, use_shm: bool) -> str:
+    from verl.utils.fs import is_non_local
+
+    if not use_shm and not is_non_local(path):
+        return path  # copy_to_local returns a local path (or a Hub id) unchanged
+    from verl.utils.fs import copy_to_local
+
+    # the same cached copy the worker's HFModelConfig made when it started
+    return str(copy_to_local(path, use_shm=use_shm))
+
+
+async def discover_server_addresses(server_manager: Any) -> tuple[str, ...]:
+    """Addresses (``ip:port``) of verl's inference servers, from what verl hands the loop.
+
+    verl 0.9.1 passes an ``LLMServerClient``, whose ``_load_balancer`` (a Ray actor) lists the
+    servers by address (``get_all_servers``: the router is built from
+    ``LLMServerManager.server_addresses``). An ``LLMServerManager`` itself (``server_addresses``
+    / ``get_addresses()``) is accepted too.
+    """
+    addresses: Any = getattr(server_manager, "server_addresses", None)
+    if addresses is None and callable(getattr(server_manager, "get_addresses", None)):
+        addresses = server_manager.get_addresses()
+    if addresses is None:
+        balancer = getattr(server_manager, "_load_balancer", None) or getattr(
+            server_manager, "global_load_balancer", None
+        )
+        if balancer is not None:
+            ref = balancer.get_all_servers.remote()
+            if inspect.isawaitable(ref):
+                addresses = await ref
+            else:  # pragma: no cover - a Ray ObjectRef is awaitable in Ray >= 2
+                import ray
+
+                addresses = ray.get(ref)
+    if inspect.isawaitable(addresses):
+        addresses = await addresses
+    if not addresses:
+        raise ValueError(
+            "no gateway configured and no inference servers found on verl's server manager "
+            f"({type(server_manager).__name__}): set gateway_url/admin_key or backends in the "
+            "agent-loop YAML (or ROLLWIRE_GATEWAY_URL / ROLLWIRE_BACKENDS)"
+        )
+    return tuple(sorted(_http_url(str(a)) for a in addresses))
 
 
 class _Resources:
@@ -338,9 +501,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def session_sampling(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
-    """verl's sampling parameters as the session's OpenAI-style ``sampling``."""
+def session_sampling(
+    sampling_params: Mapping[str, Any], *, response_length: int | None = None
+) -> dict[str, Any]:
+    """verl's sampling parameters as the session's OpenAI-style ``sampling``.
+
+    ``max_tokens`` defaults to ``response_length`` (verl's ``rollout.response_length``): no call
+    may sample more than a row can hold.
+    """
     out: dict[str, Any] = {}
+    if response_length is not None and sampling_params.get("max_tokens") is None:
+        out["max_tokens"] = int(response_length)
     for key in ("temperature", "top_p", "max_tokens", "seed"):
         if sampling_params.get(key) is not None:
             out[key] = sampling_params[key]
@@ -379,34 +550,63 @@ class RollwireAgentLoop(AgentLoopBase):
         )
         options = {k: v for k, v in kwargs.items() if k not in ("name", "tools")}
         self.settings = LoopSettings.from_options(options)
+        self.model = self.settings.model or served_model_name(self.config)
+
+    async def _shared(self) -> _Resources:
+        s = self.settings
+        if not s.gateway_url and not s.backends:
+            # verl's servers get their ports from Ray at start-up: ask the server manager.
+            addresses = await discover_server_addresses(self.server_manager)
+            s = dataclasses.replace(s, backends=addresses)
+        return _resources(s)
+
+    def _pad_token_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return int(pad) if pad is not None else 0
 
     def _fallback_prompt_ids(self, row: Mapping[str, Any]) -> list[int]:
+        """The row's chat prompt, tokenized: the prompt of a failed rollout with no usable call."""
         messages = row.get("raw_prompt")
         tok = self.tokenizer
         if messages is not None and hasattr(tok, "apply_chat_template"):
+            from jinja2 import TemplateError
+
             try:
                 ids = tok.apply_chat_template(
                     _plain(messages), add_generation_prompt=True, tokenize=True
                 )
                 if isinstance(ids, Mapping):
                     ids = ids["input_ids"]
-                return [int(t) for t in ids][-int(self.rollout_config.prompt_length) :]
-            except Exception:  # the fallback prompt is only for a row with no usable call
-                pass
-        pad = getattr(tok, "pad_token_id", None)
-        return [int(pad) if pad is not None else 0]
+                return [int(t) for t in ids]
+            except (TemplateError, ValueError, TypeError, KeyError) as exc:
+                # Only a failed rollout gets here (it trains no token): say so, and go on.
+                logger.warning(
+                    "rollwire: could not apply the chat template to the prompt of a failed "
+                    "rollout (%s: %s); its output gets a one-token prompt",
+                    type(exc).__name__,
+                    exc,
+                )
+        return [self._pad_token_id()]
 
     async def run(
         self, sampling_params: dict[str, Any], **kwargs: Any
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """Run the row in ``kwargs`` as one rollout and return its output(s)."""
         s = self.settings
-        res = _resources(s)
+        res = await self._shared()
         gw = res.client()
         task = {k: _plain(v) for k, v in kwargs.items() if k not in _VERL_INTERNAL_KEYS}
         group_id = str(task.get("uid") or task.get("index") or uuid.uuid4().hex)
         task_id = str(task.get("index", group_id))
-        sampling = session_sampling(sampling_params)
+        prompt_length = int(self.rollout_config.prompt_length)
+        response_length = int(self.rollout_config.response_length)
+        sampling = session_sampling(sampling_params, response_length=response_length)
+        options = _thaw(s.session_options)
+        # max_tokens: the smaller of the agent's and response_length (not a forced value)
+        options["sampling_policy"] = {
+            "max_tokens": "min",
+            **dict(options.get("sampling_policy") or {}),
+        }
         handle = await gw.create_session(
             group_id=group_id,
             task_id=task_id,
@@ -414,7 +614,7 @@ class RollwireAgentLoop(AgentLoopBase):
             sampling=sampling,
             capture=s.capture,
             ttl=int(s.deadline + s.deadline_grace + 300),
-            **dict(s.session_options),
+            **options,
         )
         sid = handle.session_id
         deadline_at = time.time() + s.deadline
@@ -424,7 +624,7 @@ class RollwireAgentLoop(AgentLoopBase):
             "session_id": sid,
             "base_url": handle.base_url,
             "api_key": handle.token,
-            "model": s.model,
+            "model": self.model,
             "sampling": sampling,
             "complete_url": handle.complete_url,
             "deadline": deadline_at,
@@ -440,22 +640,29 @@ class RollwireAgentLoop(AgentLoopBase):
         await _wait_terminal(gw, sid, deadline_at + s.deadline_grace)
         rollout: Rollout = await gw.rollout(sid)
         rows = TrajectoryBuilder(s.mode).build(rollout)
+        global_steps = kwargs.get("global_steps")
         return rows_to_agent_loop_outputs(
             rollout,
             rows,
             on_failure=s.on_failure,
             failure_reward=s.failure_reward,
             multi_row=s.multi_row,
-            fallback_prompt_ids=self._fallback_prompt_ids(kwargs),
+            fallback_prompt_ids=lambda: self._fallback_prompt_ids(kwargs),
             reward_extra_keys=s.reward_extra_keys,
+            global_steps=None if global_steps is None else int(_plain(global_steps)),
+            max_prompt_length=prompt_length,
+            max_response_length=response_length,
+            fallback_token_id=self._pad_token_id(),
         )
 
 
 async def _complete_quietly(gw: Any, sid: str, status: str, error: str) -> None:
     try:
         await gw.complete(sid, reward=None, status=status, error=error)
-    except Exception:  # 409: the agent's own terminal record came first, which is fine
-        pass
+    except GatewayAPIError as exc:
+        if exc.status_code != 409:
+            raise
+        # 409: the agent's own terminal record came first, which is fine
 
 
 async def _wait_terminal(gw: Any, sid: str, give_up_at: float) -> None:

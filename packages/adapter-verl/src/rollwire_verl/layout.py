@@ -11,7 +11,13 @@ Conventions (verl's own, from ``AgentLoopWorker._agent_loop_postprocess`` and
 - ``position_ids = clip(cumsum(attention_mask) - 1, 0)``: left pads get 0, right pads repeat the
   last real position;
 - the reward sits at the last non-pad response token of ``rm_scores``;
-- ``routed_experts[b, P - prompt_len + j]`` is the routing of token ``j`` of the row.
+- ``routed_experts[b, P - prompt_len + j]`` is the routing of token ``j`` of the row;
+- ``__num_turns__`` counts like verl's agent loops: ``1 + model calls + context insertions``
+  (the prompt, each assistant turn, each tool/user turn between them), so one call is 2.
+
+:func:`cut_row` is the one over-long policy, shared with the agent loop: keep the last
+``max_prompt_length`` prompt tokens and the first ``max_response_length`` response tokens, and cut
+mask, log-probs and routing with them.
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
     "RESERVED_NON_TENSOR_KEYS",
+    "ConversionReport",
     "OverlongPolicy",
     "PaddedBatch",
+    "RowCut",
     "build_layout_rows",
+    "cut_row",
     "padded_arrays",
+    "verl_num_turns",
 ]
 
 OverlongPolicy = Literal["truncate", "drop"]
@@ -46,8 +56,24 @@ RESERVED_NON_TENSOR_KEYS: frozenset[str] = frozenset(
         "group_id",
         "status",
         "truncated",
+        "has_routed_experts",
     }
 )
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What a conversion did with the rows it was given (``to_dataproto(..., return_report=True)``).
+
+    Kept out of ``meta_info`` so that two separately converted batches still ``DataProto.concat``
+    (verl asserts that non-metric ``meta_info`` values agree).
+    """
+
+    rows: int = 0
+    dropped: int = 0
+    truncated: int = 0
+    failed: int = 0
+    excluded_failed: int = 0
 
 
 @dataclass
@@ -57,9 +83,68 @@ class PaddedBatch:
     tensors: dict[str, np.ndarray]
     non_tensors: dict[str, np.ndarray]
     meta_info: dict[str, Any] = field(default_factory=dict)
+    report: ConversionReport = field(default_factory=ConversionReport)
 
     def __len__(self) -> int:
         return int(self.tensors["input_ids"].shape[0])
+
+
+@dataclass(frozen=True)
+class RowCut:
+    """The kept part of a row: its prompt and response slices, mask, log-probs and routing."""
+
+    prompt: np.ndarray
+    response: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+    #: routing of the kept tokens from the first kept prompt token on, or None
+    experts: np.ndarray | None
+    truncated: bool
+
+
+def cut_row(
+    row: Row, *, max_prompt_length: int | None = None, max_response_length: int | None = None
+) -> RowCut:
+    """``row`` cut to the limits: the **last** ``max_prompt_length`` prompt tokens (the model sees
+    the recent context) and the **first** ``max_response_length`` response tokens (what was sampled
+    first stays aligned), with mask, log-probs and routing cut alongside. ``None`` = no limit.
+
+    ``experts[j]`` of the result is the routing of kept token ``j``, as verl's agent loops cut it
+    (``routed_experts[: len(prompt) + response_length]``).
+    """
+    plen = row.prompt_len
+    rlen = row.input_ids.shape[0] - plen
+    too_long_p = max_prompt_length is not None and plen > max_prompt_length
+    too_long_r = max_response_length is not None and rlen > max_response_length
+    p_start = plen - max_prompt_length if too_long_p and max_prompt_length is not None else 0
+    r_keep = max_response_length if too_long_r and max_response_length is not None else rlen
+    experts = None
+    if row.routed_experts is not None:
+        # experts[j] is the routing of token j; keep the tokens that are kept.
+        experts = row.routed_experts[p_start : plen + r_keep]
+    return RowCut(
+        prompt=row.input_ids[p_start:plen],
+        response=row.input_ids[plen : plen + r_keep],
+        mask=row.loss_mask[:r_keep],
+        logprobs=row.logprobs[:r_keep],
+        experts=experts,
+        truncated=bool(too_long_p or too_long_r),
+    )
+
+
+def verl_num_turns(row: Row) -> int:
+    """verl's ``num_turns`` of a row: ``1 + assistant turns + user/tool turns`` (one call = 2).
+
+    verl's loops count the prompt, each generation and each tool/user message appended between
+    generations (``user_turns + assistant_turns + 1``); rollwire's equivalents are the row's calls
+    and its context insertions (runs of ``turn_ids == -1`` in the response region).
+    """
+    turns = row.turn_ids
+    context = turns == -1
+    insertions = int(np.count_nonzero(context[1:] & ~context[:-1])) + int(
+        bool(context.shape[0]) and bool(context[0])
+    )
+    return 1 + len(row.call_ids) + insertions
 
 
 @dataclass
@@ -67,13 +152,26 @@ class _Slot:
     """One row as it will be placed: the kept slices of its prompt and response."""
 
     row: Row
-    prompt: np.ndarray
-    response: np.ndarray
+    cut: RowCut
     mask: np.ndarray
     logprobs: np.ndarray
-    experts: np.ndarray | None
     reward: float
-    truncated: bool
+
+    @property
+    def prompt(self) -> np.ndarray:
+        return self.cut.prompt
+
+    @property
+    def response(self) -> np.ndarray:
+        return self.cut.response
+
+    @property
+    def experts(self) -> np.ndarray | None:
+        return self.cut.experts
+
+    @property
+    def truncated(self) -> bool:
+        return self.cut.truncated
 
 
 def build_layout_rows(
@@ -105,53 +203,36 @@ def _slots(
     overlong: OverlongPolicy,
     include_failed: bool,
     failure_reward: float,
-) -> tuple[list[_Slot], dict[str, int]]:
-    stats = {"rows": len(rows), "dropped": 0, "truncated": 0, "failed": 0, "excluded_failed": 0}
+) -> tuple[list[_Slot], ConversionReport]:
+    dropped = truncated = failed_n = excluded = 0
     slots: list[_Slot] = []
     for row in rows:
         failed = row.status != "completed"
         if failed:
-            stats["failed"] += 1
+            failed_n += 1
             if not include_failed:
-                stats["excluded_failed"] += 1
+                excluded += 1
                 continue
-        plen = row.prompt_len
-        rlen = row.input_ids.shape[0] - plen
-        too_long_p = max_prompt_length is not None and plen > max_prompt_length
-        too_long_r = max_response_length is not None and rlen > max_response_length
-        if (too_long_p or too_long_r) and overlong == "drop":
-            stats["dropped"] += 1
+        cut = cut_row(
+            row, max_prompt_length=max_prompt_length, max_response_length=max_response_length
+        )
+        if cut.truncated and overlong == "drop":
+            dropped += 1
             continue
-        # Truncate: the last max_prompt_length prompt tokens (the model sees the recent context) and
-        # the first max_response_length response tokens (what was sampled first stays aligned).
-        p_start = plen - max_prompt_length if too_long_p and max_prompt_length is not None else 0
-        r_keep = max_response_length if too_long_r and max_response_length is not None else rlen
-        prompt = row.input_ids[p_start:plen]
-        response = row.input_ids[plen : plen + r_keep]
-        mask = row.loss_mask[:r_keep]
-        logprobs = row.logprobs[:r_keep]
+        mask, logprobs = cut.mask, cut.logprobs
         if failed:
             mask = np.zeros_like(mask)
             logprobs = np.zeros_like(logprobs)
-        experts = None
-        if row.routed_experts is not None:
-            # experts[j] is the routing of token j; keep the tokens that are kept.
-            experts = row.routed_experts[p_start : plen + r_keep]
-        truncated = bool(too_long_p or too_long_r)
-        stats["truncated"] += int(truncated)
-        slots.append(
-            _Slot(
-                row,
-                prompt,
-                response,
-                mask,
-                logprobs,
-                experts,
-                _reward_of(row, failed, failure_reward),
-                truncated,
-            )
-        )
-    return slots, stats
+        truncated += int(cut.truncated)
+        slots.append(_Slot(row, cut, mask, logprobs, _reward_of(row, failed, failure_reward)))
+    report = ConversionReport(
+        rows=len(rows),
+        dropped=dropped,
+        truncated=truncated,
+        failed=failed_n,
+        excluded_failed=excluded,
+    )
+    return slots, report
 
 
 def _object_array(values: Sequence[Any]) -> np.ndarray:
@@ -190,7 +271,7 @@ def padded_arrays(
             raise ValueError(f"{name} must be a positive number of tokens, got {limit!r}")
     if not rows:
         raise ValueError("empty batch: no rows to convert (no rollouts, or none with usable calls)")
-    slots, stats = _slots(
+    slots, report = _slots(
         rows,
         max_prompt_length=max_prompt_length,
         max_response_length=max_response_length,
@@ -200,8 +281,8 @@ def padded_arrays(
     )
     if not slots:
         raise ValueError(
-            f"no rows left to convert: {stats['dropped']} dropped as over-long, "
-            f"{stats['excluded_failed']} excluded as failed (of {stats['rows']} rows)"
+            f"no rows left to convert: {report.dropped} dropped as over-long, "
+            f"{report.excluded_failed} excluded as failed (of {report.rows} rows)"
         )
     b = len(slots)
     plens = np.fromiter((s.prompt.shape[0] for s in slots), dtype=np.int64, count=b)
@@ -248,18 +329,15 @@ def padded_arrays(
         tensors["routed_experts"] = _place_experts(slots, p, r)
 
     non_tensors = _non_tensors(slots, reward_extra_keys)
+    if routed_experts:
+        non_tensors["has_routed_experts"] = np.fromiter(
+            (s.experts is not None for s in slots), np.bool_, count=b
+        )
     extra_keys = [k for k in non_tensors if k not in RESERVED_NON_TENSOR_KEYS]
-    meta_info: dict[str, Any] = {
-        "reward_extra_keys": extra_keys,
-        "metrics": [_row_metrics(s.row) for s in slots],
-        "rollwire": {
-            "dropped": stats["dropped"],
-            "truncated": stats["truncated"],
-            "failed": stats["failed"],
-            "excluded_failed": stats["excluded_failed"],
-        },
-    }
-    return PaddedBatch(tensors, non_tensors, meta_info)
+    # Only reward_extra_keys: verl's DataProto.concat asserts that non-metric meta_info agrees
+    # across batches, so nothing batch-specific (counters) goes here; see ConversionReport.
+    meta_info: dict[str, Any] = {"reward_extra_keys": extra_keys}
+    return PaddedBatch(tensors, non_tensors, meta_info, report)
 
 
 def _place_experts(slots: Sequence[_Slot], p: int, r: int) -> np.ndarray:
@@ -282,17 +360,14 @@ def _place_experts(slots: Sequence[_Slot], p: int, r: int) -> np.ndarray:
     return out
 
 
-def _row_metrics(row: Row) -> dict[str, float]:
-    # verl's AgentLoopManager reduces these keys from meta_info["metrics"] (one dict per row).
-    return {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1.0}
-
-
 def _non_tensors(slots: Sequence[_Slot], extra_keys: Sequence[str] | None) -> dict[str, np.ndarray]:
     rows = [s.row for s in slots]
     group_ids = [row.group_id if row.group_id is not None else row.rollout_id for row in rows]
     out: dict[str, np.ndarray] = {
         "uid": _object_array(group_ids),
-        "__num_turns__": np.fromiter((row.num_turns for row in rows), np.int32, count=len(rows)),
+        "__num_turns__": np.fromiter(
+            (verl_num_turns(row) for row in rows), np.int32, count=len(rows)
+        ),
         "multi_modal_inputs": _object_array([{} for _ in rows]),
         "rollout_id": _object_array([row.rollout_id for row in rows]),
         "row_index": np.fromiter((row.row_index for row in rows), np.int64, count=len(rows)),
