@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import subprocess
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 import rollwire_rllm
 from rollwire.protocol import Rollout
@@ -67,6 +69,11 @@ MODEL_OUTPUT_KEYS = {
 
 
 class TestRllmConformance(TrainerAdapterConformance):
+    # rLLM's Step.routing_matrices hold only the forward passes that sampled completion tokens
+    # (what its R3 trainer replays), so a row's prompt routing is not representable; the
+    # per-token matrices are checked in test_moe_routing_matrices_per_token instead.
+    exports_routed_experts = False
+
     @pytest.fixture
     def adapter(self) -> Any:
         return rollwire_rllm.adapter
@@ -147,14 +154,17 @@ def test_forked_rollout_is_one_episode_with_two_rows() -> None:
 
 
 def test_failed_rollout() -> None:
-    ep = _episode(failed_rollout("x"))
+    (ep,) = to_episode_dicts([failed_rollout("x")])
+    assert set(ep) == EPISODE_KEYS
     assert ep["termination_reason"] == "error"
     assert ep["is_correct"] is False
-    assert ep["trajectories"][0]["reward"] == 0.0
+    # like rLLM's own Episode for a failed flow: no trajectories, so nothing of it is trained
+    assert ep["trajectories"] == []
+    assert ep["info"]["rollwire"]["trainable"] is False
     assert ep["info"]["rollwire"]["error"] == "RuntimeError: tool crashed"
     assert ep["info"]["rollwire"]["reward"] is None
-    (ep2,) = to_episode_dicts([failed_rollout("x")], failure_reward=-1.0)
-    assert ep2["trajectories"][0]["reward"] == -1.0
+    assert ep["info"]["rollwire"]["num_calls"] == 1
+    assert episode_rows(ep) == []
 
 
 def test_moe_routing_matrices_per_token() -> None:
@@ -204,7 +214,18 @@ def test_ids_and_weight_versions() -> None:
     for i, call in enumerate(rollout.calls):
         call.policy_version = str(i) if i else "v-a"
     steps = to_episode_dicts([rollout])[0]["trajectories"][0]["steps"]
-    assert [s["weight_version"] for s in steps] == ["v-a", 1, 2]
+    # rLLM types weight_version as int: a non-numeric version is None there, kept in info
+    assert [s["weight_version"] for s in steps] == [None, 1, 2]
+    assert steps[0]["info"]["rollwire"]["policy_version"] == "v-a"
+
+
+def test_task_id_with_colon_is_escaped() -> None:
+    # rLLM reads Episode.id.split(":")[0] as the task id and groups by it
+    rollout = single_turn_rollout("r", group_id="gsm8k:12")
+    (ep,) = to_episode_dicts([rollout])
+    assert ep["id"] == "gsm8k%3A12:0"
+    assert ep["id"].split(":") == ["gsm8k%3A12", "0"]
+    assert ep["info"]["rollwire"]["task_id"] == "gsm8k:12"
 
 
 def test_response_message_from_captured_response() -> None:
@@ -250,3 +271,69 @@ def test_import_is_lazy_and_missing_rllm_is_a_clear_error() -> None:
     assert done.returncode == 0, done.stderr
     assert "rLLM" in done.stdout and "to_episode_dicts" in done.stdout
     assert "pip install" in done.stdout
+
+
+# -- against the rLLM stand-ins of conftest.py (written from rLLM 0.3.0.pre's field lists) ------
+
+
+def test_to_episodes_end_to_end(rllm_types: Any) -> None:
+    episodes = rollwire_rllm.to_episodes(sample_batch())
+    assert all(isinstance(e, rllm_types.Episode) for e in episodes)
+    by_id = {e.metadata["rollwire"]["rollout_id"]: e for e in episodes}
+    assert by_id["a0"].task_id == "g0" and by_id["a0"].rollout_idx == "0"
+    assert by_id["a0"].termination_reason is rllm_types.TerminationReason.ENV_DONE
+    failed = by_id["b2"]
+    assert failed.termination_reason is rllm_types.TerminationReason.ERROR
+    assert failed.trajectories == [] and failed.is_correct is False
+    (traj,) = by_id["b0"].trajectories
+    for step in traj.steps:
+        assert isinstance(step, rllm_types.Step)
+        assert isinstance(step.model_output, rllm_types.ModelOutput)
+        assert step.routing_matrices is not None
+        assert len(step.routing_matrices) == len(step.response_ids)
+    # the adapter reads the native objects back into the same rows as the dict form
+    flat = rollwire_rllm.adapter.flatten(episodes)
+    flat_dicts = rollwire_rllm.adapter.flatten(to_episode_dicts(sample_batch()))
+    assert [r.rollout_id for r in flat] == [r.rollout_id for r in flat_dicts]
+
+
+def test_numeric_weight_version_is_an_int(rllm_types: Any) -> None:
+    rollout = single_turn_rollout()
+    rollout.calls[0].policy_version = "12"
+    (ep,) = rollwire_rllm.to_episodes([rollout])
+    (step,) = ep.trajectories[0].steps
+    assert step.weight_version == 12 and step.model_output.weight_version == 12
+
+
+def test_a_field_the_installed_rllm_lacks_is_a_warning() -> None:
+    class OldStep(BaseModel):
+        """An rLLM Step from before R3: token fields, no routing_matrices."""
+
+        model_config = ConfigDict(arbitrary_types_allowed=True)
+        prompt_ids: list[int] = Field(default_factory=list)
+        response_ids: list[int] = Field(default_factory=list)
+        logprobs: list[float] = Field(default_factory=list)
+        chat_completions: list[dict[str, Any]] = Field(default_factory=list)
+        model_output: Any = None
+        metadata: dict[str, Any] | None = None
+        reward: float = 0.0
+        done: bool = False
+        advantage: Any = None
+        weight_version: int | None = None
+
+    from rollwire_rllm.episodes import _construct
+
+    step = to_episode_dicts([moe_rollout()])[0]["trajectories"][0]["steps"][0]
+    assert step["routing_matrices"]
+    with pytest.warns(RuntimeWarning, match="no field routing_matrices"):
+        old = _construct(OldStep, {**step, "model_output": None})
+    assert old.response_ids == step["response_ids"]
+
+
+@pytest.mark.parametrize("width", range(1, 8))
+def test_routing_entries_are_standard_base64_per_token(width: int) -> None:
+    from rollwire_rllm.episodes import _b64_rows
+
+    rows = np.random.default_rng(width).integers(0, 256, (5, width)).astype(np.uint8)
+    expected = [base64.b64encode(r.tobytes()).decode() for r in rows]
+    assert _b64_rows(rows).tolist() == expected

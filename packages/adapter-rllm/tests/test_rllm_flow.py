@@ -20,12 +20,14 @@ from rollwire_rllm import RollwireAgentFlow, decode_routing_matrix, episode_rows
 
 @dataclass
 class AgentConfig:
-    """rLLM's ``AgentConfig`` shape (base_url, model, session_uid, metadata)."""
+    """rLLM 0.3.0.pre's ``AgentConfig`` shape, as its ``AgentFlowEngine`` fills it."""
 
     base_url: str
     model: str
     session_uid: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    is_validation: bool = False
+    sampling_params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,9 +97,11 @@ async def test_arun_builds_the_episode_from_captured_calls(gateway: RunningGatew
 
 
 def test_run_is_the_sync_protocol_method(engine: EmbeddedEngine) -> None:
-    # no gateway given: the flow starts one over the AgentConfig's base_url (an SGLang backend)
-    with RollwireAgentFlow(agent, backend_kind="sglang", capture="tokens", native=False) as flow:
-        config = AgentConfig(base_url=engine.url, model="policy", session_uid="abc")
+    # no gateway given: the flow starts one over backends= (the real inference server)
+    with RollwireAgentFlow(
+        agent, backends=[(engine.url, "sglang")], capture="tokens", native=False
+    ) as flow:
+        config = AgentConfig(base_url="http://127.0.0.1:9/s/abc", model="policy", session_uid="abc")
         result: dict[str, Any] = {}
         worker = threading.Thread(
             target=lambda: result.update(ep=flow.run({"prompt": "2+2?", "task_id": "q"}, config))
@@ -106,6 +110,43 @@ def test_run_is_the_sync_protocol_method(engine: EmbeddedEngine) -> None:
         worker.join(120)
         ep = result["ep"]
         assert ep["id"] == "q:0" and ep["trajectories"][0]["reward"] == 1.0
+
+
+async def test_each_rollout_ignores_rllms_session_url_and_takes_its_sampling(
+    engine: EmbeddedEngine,
+) -> None:
+    # rLLM's AgentFlowEngine hands every rollout its own gateway session URL in base_url; those
+    # are not inference servers (here: dead ports), so the flow must never route through them
+    with RollwireAgentFlow(
+        app, backends=[(engine.url, "sglang")], capture="tokens", sampling={"temperature": 0.5}
+    ) as flow:
+        flow.native = False
+        eps = []
+        for uid, params, validation in (
+            ("t:0", {"temperature": 1.0, "max_tokens": 64}, False),
+            ("t:1", {"temperature": 0.0, "max_tokens": 32}, True),
+        ):
+            config = AgentConfig(
+                base_url=f"http://127.0.0.1:9/sessions/{uid}/v1",
+                model="policy",
+                session_uid=uid,
+                is_validation=validation,
+                sampling_params=params,
+            )
+            eps.append(await flow.arun({"prompt": "2+2?", "task_id": "t"}, config))
+        assert [e["id"] for e in eps] == ["t:0", "t:1"]
+        assert all(e["trajectories"][0]["reward"] == 1.0 for e in eps)
+        assert [e["info"]["rollwire"]["is_validation"] for e in eps] == [False, True]
+        gw = flow._gateway()
+        for ep, temp, max_tokens in zip(eps, (1.0, 0.0), (64, 32)):
+            calls = gw.client().calls(ep["info"]["rollwire"]["rollout_id"])
+            assert calls and all(c.sampling.get("temperature") == temp for c in calls)
+            assert all(c.sampling.get("max_tokens") == max_tokens for c in calls)
+
+
+def test_flow_needs_a_rollwire_gateway_or_backends() -> None:
+    with pytest.raises(ValueError, match="backends="):
+        RollwireAgentFlow(agent)
 
 
 async def test_run_inside_a_loop_points_to_arun(gateway: RunningGateway) -> None:

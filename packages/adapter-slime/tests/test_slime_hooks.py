@@ -1,12 +1,11 @@
 """slime hooks end to end: embedded engine (scripted, MoE) as slime's SGLang router, a real gateway,
-a real RolloutApp agent. slime itself is not installable here, so ``slime.utils.types`` is a
-stand-in whose ``Sample.from_dict`` keeps the dict: the hooks' only contact with slime is that call,
-and the test then checks exactly the dicts slime would receive.
+a real RolloutApp agent. slime itself is not installable here, so ``slime.utils.types`` is the
+stand-in of ``conftest.py``, written from slime's ``Sample`` field list: ``from_dict`` builds a
+dataclass with the ``Status`` enum and checks response lengths as slime does.
 """
 
 from __future__ import annotations
 
-import sys
 import types
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -61,17 +60,8 @@ def router() -> Iterator[EmbeddedEngine]:
 
 
 @pytest.fixture
-def slime_stub(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Sample:
-        @staticmethod
-        def from_dict(d: dict[str, Any]) -> SimpleNamespace:
-            return SimpleNamespace(**d)
-
-    mod = types.ModuleType("slime.utils.types")
-    mod.Sample = Sample  # type: ignore[attr-defined]
-    for name in ("slime", "slime.utils"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "slime.utils.types", mod)
+def slime_stub(slime_types: types.ModuleType) -> None:
+    """slime's ``Sample`` stand-in installed (see conftest.py)."""
 
 
 def _args(router: EmbeddedEngine, handler: Any, **kw: Any) -> SimpleNamespace:
@@ -114,7 +104,8 @@ def _check_row(s: Any) -> None:
     n = s.response_length
     assert len(s.loss_mask) == len(s.rollout_log_probs) == n > 0
     assert all(lp == 0.0 for lp, m in zip(s.rollout_log_probs, s.loss_mask) if m == 0)
-    experts = np.asarray(s.rollout_routed_experts)
+    experts = s.rollout_routed_experts  # an int32 ndarray, as slime's own SGLang path keeps it
+    assert isinstance(experts, np.ndarray) and experts.dtype == np.int32
     assert experts.ndim == 3 and experts.shape[0] == len(s.tokens) - 1
 
 
@@ -126,7 +117,7 @@ async def test_generate_one_sample(router: EmbeddedEngine, slime_stub: None) -> 
     (s,) = rows
     _check_row(s)
     assert (s.index, s.group_index, s.rollout_id) == (7, 3, 7)
-    assert s.reward == 1.0 and s.status == "completed"
+    assert s.reward == 1.0 and s.status.value == "completed"
     assert s.prompt == "2+2?" and s.label == "4"
     assert s.metadata["source"] == "unit"
     assert len(s.metadata["rollwire"]["call_ids"]) == 2  # two calls merged into one row
@@ -152,7 +143,7 @@ async def test_generate_not_compact_returns_a_sample(
     router: EmbeddedEngine, slime_stub: None
 ) -> None:
     s = await generate(_args(router, agent, rollwire_compact="0"), _sample(1, 0), {})
-    assert isinstance(s, SimpleNamespace) and s.rollout_id == 1
+    assert not isinstance(s, list) and s.rollout_id == 1
 
 
 def test_generate_rollout_whole_batch(router: EmbeddedEngine, slime_stub: None) -> None:

@@ -26,6 +26,7 @@ from rollwire.testing import (
 from rollwire.testing.samples import LAYERS, TOP_K
 from rollwire.trajectory import build_rows
 from rollwire_slime import SAMPLE_FIELDS, to_sample_dicts
+from rollwire_slime.samples import rollout_sample_dicts
 
 
 class TestSlimeConformance(TrainerAdapterConformance):
@@ -229,3 +230,53 @@ def test_import_is_lazy_and_missing_slime_is_a_clear_error() -> None:
     assert done.returncode == 0, done.stderr
     assert "slime" in done.stdout and "to_sample_dicts" in done.stdout
     assert "pip install" in done.stdout
+
+
+# -- against the Sample stand-in of conftest.py (written from slime's field list) ---------------
+
+
+def test_to_samples_end_to_end(slime_types: Any) -> None:
+    Sample = slime_types.Sample
+    nested = rollwire_slime.to_samples(sample_batch())
+    slime_types.validate_rollout_id_annotated(nested)
+    flat = slime_types.flatten_like_slime(nested)
+    assert all(isinstance(s, Sample) for s in flat)
+    assert len(flat) == sum(len(rows) for g in nested for rows in g)
+    by_id = {s.metadata["rollwire"]["rollout_id"]: s for s in flat}
+    moe = by_id["b0"]
+    assert isinstance(moe.rollout_routed_experts, np.ndarray)
+    assert moe.rollout_routed_experts.dtype == np.int32
+    assert moe.rollout_routed_experts.shape == (len(moe.tokens) - 1, LAYERS, TOP_K)
+    assert by_id["a0"].status is Sample.Status.COMPLETED
+    # the adapter's own view agrees with the native objects
+    flat_rows = rollwire_slime.adapter.flatten(nested)
+    assert len(flat_rows) == len(flat)
+
+
+def test_failed_rollout_trains_nothing(slime_types: Any) -> None:
+    Sample = slime_types.Sample
+    (group,) = rollwire_slime.to_samples([failed_rollout("x")], failure_reward=-1.0)
+    ((s,),) = group
+    assert s.status is Sample.Status.FAILED
+    assert s.response_length > 0 and s.loss_mask == [0] * s.response_length
+    assert s.rollout_log_probs == [0.0] * s.response_length
+    assert s.remove_sample is True and s.reward == -1.0
+    (row,) = rollwire_slime.adapter.flatten([[[s]]])
+    assert not row.loss_mask.any()
+
+
+def test_aborted_rollout_trains_nothing() -> None:
+    rollout = single_turn_rollout("t")
+    rollout.status = "timeout"
+    (s,) = _one(rollout)
+    assert s["status"] == "aborted" and s["remove_sample"] is True
+    assert s["loss_mask"] == [0] * s["response_length"]
+
+
+def test_routed_experts_of_the_wrong_length_are_an_error() -> None:
+    rollout = moe_rollout("m")
+    (row,) = build_rows([rollout])
+    assert row.routed_experts is not None
+    bad = row.model_copy(update={"routed_experts": row.routed_experts[:-2]})
+    with pytest.raises(ValueError, match=r"routed experts have shape \(12, 2, 2\).*= 14"):
+        rollout_sample_dicts(rollout, group_index=0, rollout_index=0, index_start=0, rows=[bad])

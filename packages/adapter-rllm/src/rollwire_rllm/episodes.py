@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
 __all__ = [
     "decode_routing_matrix",
     "episode_rows",
+    "episode_task_id",
     "routing_matrices",
     "termination_reason",
     "to_episode_dicts",
@@ -53,6 +55,15 @@ def termination_reason(rollout: Rollout) -> str:
     return "env_done"
 
 
+def episode_task_id(task_id: str) -> str:
+    """``task_id`` safe for rLLM's ``Episode.id.split(":")``: ``%`` and ``:`` percent-escaped.
+
+    rLLM reads an Episode's task id as ``id.split(":")[0]`` and groups rollouts by it, so a
+    ``:`` inside the task id would cut it short; ``"gsm8k:12"`` becomes ``"gsm8k%3A12"``.
+    """
+    return task_id.replace("%", "%25").replace(":", "%3A")
+
+
 def _is_correct(rollout: Rollout, reward: float) -> bool:
     for key in ("is_correct", "correct"):
         if key in rollout.metrics:
@@ -63,17 +74,38 @@ def _is_correct(rollout: Rollout, reward: float) -> bool:
 def routing_matrices(call: ModelCall) -> list[str] | None:
     """Per completion token, the ``[layers, top_k]`` experts of the forward pass that sampled it.
 
-    Token j of the completion was produced by feeding position ``len(prompt) + j - 1``, so its
-    matrix is ``routed_experts[len(prompt) + j - 1]``. Each entry is a compact JSON string
-    ``[{"shape": [L, K], "dtype": "int16"}, "<base64 of the little-endian bytes>"]``.
+    This is the form rLLM's R3 trainer reads (``Step.routing_matrices``: one string per
+    ``response_ids`` entry, as its Tinker/Fireworks path builds it). Token j of the completion was
+    produced by feeding position ``len(prompt) + j - 1``, so its matrix is
+    ``routed_experts[len(prompt) + j - 1]``. Each entry is a compact JSON string
+    ``[{"shape":[L,K],"dtype":"int16"},"<base64 of the little-endian bytes>"]``.
     """
     experts = call.routed_experts
     p, n = call.prompt_ids.shape[0], call.completion_ids.shape[0]
-    if experts is None or experts.ndim != 3 or experts.shape[0] != p + n - 1 or p == 0:
+    if experts is None or n == 0:
         return None
+    if experts.ndim != 3 or experts.shape[0] != p + n - 1 or p == 0:
+        raise ValueError(
+            f"call {call.call_id}: routed experts have shape {tuple(experts.shape)}, expected "
+            f"[len(prompt) + len(completion) - 1 = {p + n - 1}, layers, top_k]"
+        )
     block = np.ascontiguousarray(experts[p - 1 : p - 1 + n], dtype="<i2")
     header = json.dumps({"shape": list(block.shape[1:]), "dtype": "int16"}, separators=(",", ":"))
-    return [f'[{header},"{base64.b64encode(m.tobytes()).decode("ascii")}"]' for m in block]
+    encoded = _b64_rows(block.reshape(n, -1).view(np.uint8))
+    return np.char.add(np.char.add(f'[{header},"', encoded), '"]').tolist()
+
+
+def _b64_rows(rows: np.ndarray) -> np.ndarray:
+    """Standard base64 of each row of a ``[n, width]`` uint8 array, in one pass (no per-row loop)."""
+    n, width = rows.shape
+    pad = -width % 3
+    if pad:
+        rows = np.concatenate([rows, np.zeros((n, pad), np.uint8)], axis=1)
+    # rows padded to whole 3-byte groups encode independently of each other
+    chars = np.frombuffer(base64.b64encode(rows.tobytes()), dtype=np.uint8).reshape(n, -1).copy()
+    if pad:
+        chars[:, -pad:] = ord("=")
+    return chars.view(f"S{chars.shape[1]}").ravel().astype(str)
 
 
 def decode_routing_matrix(entry: str) -> np.ndarray:
@@ -88,14 +120,14 @@ def decode_routing_matrix(entry: str) -> np.ndarray:
         raise ValueError(f"not a rollwire routing matrix entry: {entry[:80]!r}") from exc
 
 
-def _weight_version(version: str | None) -> int | str | None:
+def _weight_version(version: str | None) -> int | None:
     # rLLM types weight_version as int; rollwire's policy versions are strings ("7", "step-7")
     if version is None:
         return None
     try:
         return int(version)
     except ValueError:
-        return version
+        return None
 
 
 def _response_message(call: ModelCall, tokenizer: TokenizerLike | None) -> dict[str, Any]:
@@ -171,6 +203,7 @@ def _step_dict(
                 "capture": call.capture,
                 "backend": call.backend,
                 "retry_of": call.retry_of,
+                "policy_version": call.policy_version,
                 "row_index": row.row_index if row is not None else None,
                 "fork": (
                     row.fork.model_dump(mode="json")
@@ -232,11 +265,15 @@ def rollout_episode_dict(
             "mode": mode,
         }
     }
+    trains = rollout.status == "completed"
+    info[INFO_KEY]["trainable"] = trains
     return {
-        "id": f"{task_id}:{rollout_idx}",
+        "id": f"{episode_task_id(task_id)}:{rollout_idx}",
         "task": task,
         "termination_reason": termination_reason(rollout),
-        "is_correct": _is_correct(rollout, reward),
+        "is_correct": trains and _is_correct(rollout, reward),
+        # a rollout that did not complete trains nothing: like the Episode rLLM's own engine
+        # returns for a failed flow, it has no trajectories (rLLM steps carry no loss mask)
         "trajectories": [
             {
                 "uid": rollout.rollout_id,
@@ -246,7 +283,9 @@ def rollout_episode_dict(
                 "reward": reward,
                 "info": info,
             }
-        ],
+        ]
+        if trains
+        else [],
         "metrics": dict(rollout.metrics),
         "info": info,
     }
@@ -283,10 +322,21 @@ def to_episode_dicts(
 
 
 def import_rllm() -> dict[str, Any]:
-    """rLLM's ``Episode``, ``Trajectory``, ``Step``, ``ModelOutput``, ``TerminationReason``."""
+    """rLLM's ``Episode``, ``Trajectory``, ``Step``, ``ModelOutput``, ``TerminationReason``.
+
+    rLLM 0.3.0.pre's ``AgentFlowEngine`` works on ``rllm.types`` (its trace enrichment rebuilds
+    any other Trajectory class), so those are preferred; ``rllm.agents.agent`` (the older
+    workflow types) is the fallback.
+    """
     try:
-        from rllm.agents.agent import Episode, Step, Trajectory
-        from rllm.engine.rollout.rollout_engine import ModelOutput
+        try:
+            from rllm.types import Episode, Step, Trajectory
+        except ImportError:
+            from rllm.agents.agent import Episode, Step, Trajectory
+        try:
+            from rllm.engine.rollout.rollout_engine import ModelOutput
+        except ImportError:
+            from rllm.experimental.rollout import ModelOutput
         from rllm.workflows.workflow import TerminationReason
     except ImportError as exc:
         raise ImportError(_INSTALL_HINT) from exc
@@ -308,12 +358,30 @@ def _field_names(cls: Any) -> set[str]:
     return set()
 
 
+#: dict keys an installed rLLM may lack without losing training data (display-only fields).
+_OPTIONAL_KEYS = frozenset(
+    {"uid", "observation", "thought", "action", "model_response", "text", "mc_return"}
+)
+
+
 def _construct(cls: Any, data: Mapping[str, Any]) -> Any:
-    """``cls(**data)`` keeping the keys ``cls`` accepts (``info`` maps to ``metadata`` if needed)."""
+    """``cls(**data)`` keeping the keys ``cls`` accepts (``info`` maps to ``metadata`` if needed).
+
+    A key the installed class lacks is dropped with a warning (once per class and key set), so
+    an rLLM without, say, ``routing_matrices`` does not lose R3 data silently.
+    """
     names = _field_names(cls)
     kwargs = dict(data)
     if "info" in kwargs and "info" not in names and "metadata" in names:
         kwargs["metadata"] = kwargs.pop("info")
+    dropped = sorted(k for k in kwargs if k not in names and k not in _OPTIONAL_KEYS)
+    if dropped and any(kwargs[k] is not None for k in dropped):
+        warnings.warn(
+            f"the installed rLLM's {cls.__module__}.{cls.__qualname__} has no field "
+            f"{', '.join(dropped)}; rollwire drops them (upgrade rLLM to keep them)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return cls(**{k: v for k, v in kwargs.items() if k in names})
 
 

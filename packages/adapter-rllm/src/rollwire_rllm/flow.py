@@ -4,6 +4,10 @@ rLLM's ``AgentFlow`` protocol is ``run(task, config) -> Episode`` (sync) with an
 ``arun``, which rLLM's ``run_agent_flow`` prefers inside an event loop. Both are here. The agent is
 any rollwire agent (a :class:`rollwire.app.RolloutApp` or handler, or agents behind a runner); the
 Episode is built from the calls rollwire captured, so its token ids are exactly the sampled ones.
+
+The flow replaces rLLM's model gateway: ``config.base_url`` is rLLM's per-session URL
+(``gateway.get_session_url(uid)``), not an inference server, so it is never used; rollwire's
+gateway must be given (``gateway=``) or built over the real inference servers (``backends=``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,12 @@ from typing import Any
 
 from rollwire.protocol import CaptureMode, Rollout
 from rollwire.trajectory import BuildMode, TokenizerLike
-from rollwire_rllm.episodes import episode_from_dict, import_rllm, rollout_episode_dict
+from rollwire_rllm.episodes import (
+    INFO_KEY,
+    episode_from_dict,
+    import_rllm,
+    rollout_episode_dict,
+)
 
 __all__ = ["RollwireAgentFlow", "rllm_task"]
 
@@ -53,9 +62,11 @@ class RollwireAgentFlow:
     """Runs one rollwire rollout per ``run``/``arun`` and returns its rLLM ``Episode``.
 
     ``agent``: a RolloutApp or handler (local runner), or None with ``runner="http:URL"`` etc.
-    ``gateway``: a running gateway object or URL (with ``admin_key``); when None, an in-process
-    gateway is started on first use over ``backends`` — or, when those are empty too, over the
-    ``base_url`` rLLM hands the flow in its ``AgentConfig`` (kind ``backend_kind``).
+    ``gateway``: a running gateway object or URL (with ``admin_key``); else ``backends``, the
+    inference servers (``[(url, kind)]``) an in-process gateway is started over on first use.
+    One of the two is required: rLLM's ``config.base_url`` is its own gateway's per-session URL.
+    ``sampling``: defaults for every rollout; rLLM's ``config.sampling_params`` (its train or
+    validation block) override them per rollout.
     ``native``: return rLLM objects (default: when rLLM is importable) or the dict form.
     """
 
@@ -66,7 +77,6 @@ class RollwireAgentFlow:
         gateway: Any = None,
         admin_key: str | None = None,
         backends: Sequence[Any] = (),
-        backend_kind: str = "vllm",
         runner: str = "local",
         capture: CaptureMode = "passthrough",
         sampling: Mapping[str, Any] | None = None,
@@ -82,11 +92,16 @@ class RollwireAgentFlow:
             raise ValueError(
                 "RollwireAgentFlow with the local runner needs agent=<RolloutApp or handler>"
             )
+        if gateway is None and not backends:
+            raise ValueError(
+                "RollwireAgentFlow needs gateway=<running rollwire gateway or URL> or "
+                "backends=[(inference_server_url, kind)]: rLLM's config.base_url is its own "
+                "gateway's per-session URL, not an inference server"
+            )
         self.agent = agent
         self.gateway = gateway
         self.admin_key = admin_key
         self.backends = list(backends)
-        self.backend_kind = backend_kind
         self.runner = runner
         self.capture: CaptureMode = capture
         self.sampling = dict(sampling or {})
@@ -103,7 +118,7 @@ class RollwireAgentFlow:
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def _gateway(self, config: Any) -> Any:
+    def _gateway(self) -> Any:
         if isinstance(self.gateway, str):
             if not self.admin_key:
                 raise ValueError(f"the rollwire gateway at {self.gateway} needs admin_key=...")
@@ -112,19 +127,15 @@ class RollwireAgentFlow:
             return self.gateway
         with self._lock:
             if self._embedded is None:
-                backends = self.backends
-                base_url = getattr(config, "base_url", None)
-                if not backends and base_url:
-                    backends = [(str(base_url), self.backend_kind)]
-                if not backends:
-                    raise ValueError(
-                        "RollwireAgentFlow has no inference backend: pass gateway=..., "
-                        "backends=[(url, kind)], or an AgentConfig with a base_url"
-                    )
                 from rollwire.gateway import serve_in_thread
 
-                self._embedded = serve_in_thread(backends=backends, **self.gateway_options)
+                self._embedded = serve_in_thread(backends=self.backends, **self.gateway_options)
             return self._embedded
+
+    def sampling_for(self, config: Any) -> dict[str, Any]:
+        """The rollout's session sampling: the flow's defaults under ``config.sampling_params``."""
+        params = getattr(config, "sampling_params", None)
+        return {**self.sampling, **(dict(params) if isinstance(params, Mapping) else {})}
 
     def _runner(self) -> Any:
         if self.runner.partition(":")[0] != "local":
@@ -141,10 +152,10 @@ class RollwireAgentFlow:
         from rollwire.client import RolloutClient
 
         client = RolloutClient(
-            self._gateway(config),
+            self._gateway(),
             runner=self._runner(),
             group_size=1,
-            sampling=self.sampling,
+            sampling=self.sampling_for(config),
             capture=self.capture,
             model=str(getattr(config, "model", None) or "policy"),
             deadline=self.deadline,
@@ -168,6 +179,7 @@ class RollwireAgentFlow:
             failure_reward=self.failure_reward,
             mode=self.mode,
         )
+        data["info"][INFO_KEY]["is_validation"] = bool(getattr(config, "is_validation", False))
         native = self.native
         if native is None:
             try:

@@ -73,9 +73,12 @@ class SlimeAdapter:
             n = int(_field(sample, "response_length") or 0)
             split = tokens.shape[0] - n
             mask = _field(sample, "loss_mask")
+            if _field(sample, "remove_sample"):
+                mask = [0] * n  # slime zeroes the loss mask of a removed sample
             logprobs = _field(sample, "rollout_log_probs")
             meta = (_field(sample, "metadata") or {}).get("rollwire") or {}
             reward = _field(sample, "reward")
+            experts = _field(sample, "rollout_routed_experts")
             out.append(
                 ExportedRow(
                     rollout_id=str(meta.get("rollout_id", _field(sample, "rollout_id"))),
@@ -87,6 +90,7 @@ class SlimeAdapter:
                         logprobs if logprobs is not None else [0.0] * n, dtype=np.float64
                     ),
                     reward=float(reward) if isinstance(reward, int | float) else None,
+                    routed_experts=np.asarray(experts) if experts is not None else None,
                 )
             )
         return out

@@ -162,12 +162,14 @@ def rollout_to_sample_dicts(
     *,
     mode: BuildMode = "merge",
     failure_reward: float = 0.0,
+    native: bool = False,
 ) -> list[dict[str, Any]]:
     """The slime sample dicts for ``rollout``, which ran for the slime ``sample``.
 
     The rows keep the sample's ``group_index``, ``index``, ``prompt``, ``label`` and metadata
     (rollwire's ids added under ``metadata["rollwire"]``) and share ``rollout_id = index`` — the
-    contract of slime's compact rollouts.
+    contract of slime's compact rollouts. ``native``: routed experts as an int32 ndarray, for
+    ``Sample.from_dict`` (nested lists otherwise).
     """
     index = _get(sample, "index")
     index = int(index) if index is not None else 0
@@ -182,6 +184,7 @@ def rollout_to_sample_dicts(
         mode=mode,
         failure_reward=failure_reward,
         metadata=dict(meta) if isinstance(meta, Mapping) else None,
+        native=native,
     )
     for row in rows:
         row["prompt"] = _get(sample, "prompt", row["prompt"])
@@ -324,7 +327,7 @@ async def generate(
     rows = [
         sample_cls.from_dict(d)
         for d in rollout_to_sample_dicts(
-            rollout, sample, mode=cfg.mode, failure_reward=cfg.failure_reward
+            rollout, sample, mode=cfg.mode, failure_reward=cfg.failure_reward, native=True
         )
     ]
     if not cfg.compact and len(rows) == 1:
@@ -368,7 +371,9 @@ async def collect_groups(
         position = int((done.task or {})["slime_position"])
         slime_group = groups[position]
         out[position] = [
-            rollout_to_sample_dicts(r, s, mode=cfg.mode, failure_reward=cfg.failure_reward)
+            rollout_to_sample_dicts(
+                r, s, mode=cfg.mode, failure_reward=cfg.failure_reward, native=True
+            )
             for r, s in zip(done.rollouts, slime_group)
         ]
     missing = [i for i, g in enumerate(out) if g is None]

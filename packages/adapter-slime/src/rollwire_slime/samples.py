@@ -110,6 +110,25 @@ def _weight_versions(row: Row, rollout: Rollout) -> list[str]:
     return versions
 
 
+#: statuses whose rows slime should train on (``truncated`` is a completed rollout cut by length).
+_TRAINABLE_STATUSES = frozenset({"completed", "truncated"})
+
+
+def _routed_experts(row: Row) -> np.ndarray | None:
+    """The row's routed experts as slime keeps them: int32 ``[len(tokens) - 1, layers, top_k]``."""
+    experts = row.routed_experts
+    if experts is None:
+        return None
+    want = row.input_ids.shape[0] - 1
+    if experts.ndim != 3 or experts.shape[0] != want:
+        raise ValueError(
+            f"row {row.row_index} of rollout {row.rollout_id!r}: routed experts have shape "
+            f"{tuple(experts.shape)}, slime needs [len(tokens) - 1 = {want}, layers, top_k]; "
+            "the backend returned routing for a different sequence than the row's tokens"
+        )
+    return np.ascontiguousarray(experts, dtype=np.int32)
+
+
 def _row_sample(
     row: Row,
     rollout: Rollout,
@@ -123,17 +142,17 @@ def _row_sample(
     failure_reward: float,
     metadata: Mapping[str, Any] | None,
     group_id: str | None,
+    native: bool = False,
 ) -> dict[str, Any]:
     response_length = int(row.input_ids.shape[0] - row.prompt_len)
-    mask = row.loss_mask.astype(np.int64)
+    status = sample_status(rollout, row)
+    trains = status in _TRAINABLE_STATUSES
+    # a failed or aborted rollout trains nothing: slime does not filter those statuses itself
+    mask = row.loss_mask.astype(np.int64) if trains else np.zeros(response_length, np.int64)
     # the builder already zeroes masked logprobs; enforce it so a hand-made Row cannot leak them
     logprobs = np.where(mask == 1, row.logprobs, np.float32(0.0)).astype(np.float64)
-    experts = row.routed_experts
-    routed = (
-        experts.tolist()
-        if experts is not None and experts.shape[0] == row.input_ids.shape[0] - 1
-        else None
-    )
+    routed = _routed_experts(row)
+    routed_out: Any = routed if routed is None or native else routed.tolist()
     meta: dict[str, Any] = dict(metadata or {})
     meta[METADATA_KEY] = {
         "rollout_id": rollout.rollout_id,
@@ -173,10 +192,10 @@ def _row_sample(
         "rollout_log_probs": logprobs.tolist(),
         "rollout_top_p_token_ids": None,
         "rollout_top_p_token_offsets": None,
-        "rollout_routed_experts": routed,
-        "remove_sample": False,
+        "rollout_routed_experts": routed_out,
+        "remove_sample": not trains,
         "teacher_log_probs": None,
-        "status": sample_status(rollout, row),
+        "status": status,
         "metadata": meta,
         "generate_function_path": None,
         "train_metadata": None,
@@ -206,13 +225,15 @@ def rollout_sample_dicts(
     rows: Sequence[Row] | None = None,
     shared_index: bool = False,
     group_id: str | None = None,
+    native: bool = False,
 ) -> list[dict[str, Any]]:
     """The sample dicts of one rollout, one per row (all rows share ``rollout_id=rollout_index``).
 
     ``index`` counts up from ``index_start`` (or stays ``index_start`` for every row when
     ``shared_index``, as slime's own compact fan-out does for one data-source sample). A rollout
     without a usable call yields one empty sample flagged ``remove_sample`` so its group keeps
-    ``n_samples_per_prompt`` entries.
+    ``n_samples_per_prompt`` entries. ``native``: routed experts as the int32 ndarray a real
+    ``Sample`` holds (for ``Sample.from_dict``) instead of JSON-ready nested lists.
     """
     if rows is None:
         rows = TrajectoryBuilder(mode, tokenizer).build(rollout)
@@ -230,6 +251,7 @@ def rollout_sample_dicts(
             failure_reward=failure_reward,
             metadata=metadata,
             group_id=group_id,
+            native=native,
         )
         for i, row in enumerate(rows)
     ]
@@ -302,7 +324,28 @@ def to_sample_dicts(
     ``group_index`` is the group's position in the batch, ``rollout_id`` the rollout's position
     (shared by its rows), ``index`` the row's position — all unique ints; rollwire's string ids
     are in ``metadata["rollwire"]``. A rollout without a reward (failed) gets ``failure_reward``.
+    Plain JSON: ``rollout_routed_experts`` is a nested list here (an int32 ndarray in
+    :func:`to_samples`).
     """
+    return _nested_sample_dicts(
+        batch,
+        tokenizer=tokenizer,
+        mode=mode,
+        failure_reward=failure_reward,
+        compact=compact,
+        native=False,
+    )
+
+
+def _nested_sample_dicts(
+    batch: Iterable[Group | Rollout],
+    *,
+    tokenizer: TokenizerLike | None,
+    mode: BuildMode,
+    failure_reward: float,
+    compact: bool,
+    native: bool,
+) -> list[list[Any]]:
     groups = group_rollouts(batch)
     out: list[list[Any]] = []
     index = 0
@@ -320,6 +363,7 @@ def to_sample_dicts(
                 mode=mode,
                 failure_reward=failure_reward,
                 group_id=group.group_id,
+                native=native,
             )
             index += len(rows)
             rollout_index += 1
@@ -350,10 +394,19 @@ def to_samples(
     failure_reward: float = 0.0,
     compact: bool = True,
 ) -> list[list[Any]]:
-    """Like :func:`to_sample_dicts`, with each dict rebuilt by ``slime.utils.types.Sample.from_dict``."""
+    """Like :func:`to_sample_dicts`, each dict rebuilt by ``slime.utils.types.Sample.from_dict``.
+
+    ``rollout_routed_experts`` stays an int32 ndarray ``[len(tokens) - 1, layers, top_k]``, what
+    slime's own SGLang path stores.
+    """
     sample_cls = import_sample_class()
-    nested = to_sample_dicts(
-        batch, tokenizer=tokenizer, mode=mode, failure_reward=failure_reward, compact=compact
+    nested = _nested_sample_dicts(
+        batch,
+        tokenizer=tokenizer,
+        mode=mode,
+        failure_reward=failure_reward,
+        compact=compact,
+        native=True,
     )
     return [_map_leaves(item, sample_cls.from_dict) for item in nested]
 

@@ -27,8 +27,9 @@ def normalize_row_rewards(
 ) -> np.ndarray:
     """Per-row advantages: (reward - group mean) / (group std + eps) over *rollouts*.
 
-    ``rewards[i]`` is row i's reward (equal for the rows of one rollout), ``group_keys[i]`` its task
-    group and ``rollout_keys[i]`` its rollout. A group whose rollouts all scored the same gets 0.
+    ``rewards[i]`` is row i's reward (equal for the rows of one rollout, else a ValueError),
+    ``group_keys[i]`` its task group and ``rollout_keys[i]`` its rollout. A group whose rollouts
+    all scored the same gets 0.
     """
     n = len(rewards)
     if not (len(group_keys) == len(rollout_keys) == n):
@@ -42,7 +43,13 @@ def normalize_row_rewards(
     for g, r, v in zip(group_keys, rollout_keys, values):
         if not math.isfinite(float(v)):
             raise ValueError(f"row reward {v!r} of rollout {r!r} is not finite")
-        by_group.setdefault(g, {}).setdefault(r, float(v))
+        per_rollout = by_group.setdefault(g, {})
+        first = per_rollout.setdefault(r, float(v))
+        if first != float(v):
+            raise ValueError(
+                f"rows of rollout {r!r} carry different rewards ({first!r} and {float(v)!r}); "
+                "every row of a rollout must carry the rollout reward"
+            )
     stats: dict[object, tuple[float, float]] = {}
     for g, per_rollout in by_group.items():
         arr = np.fromiter(per_rollout.values(), dtype=np.float64)

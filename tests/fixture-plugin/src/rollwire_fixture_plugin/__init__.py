@@ -28,17 +28,22 @@ class JsonRowsAdapter:
         rows = build_rows(batch)
         if not rows:
             raise ValueError("empty batch: no rows to convert")
+        # a failed rollout trains nothing (the conformance suite checks it)
+        keep = [r.status == "completed" for r in rows]
         return [
             {
                 "rollout_id": r.rollout_id,
                 "group_id": r.group_id,
                 "prompt": r.prompt_ids.tolist(),
                 "response": r.response_ids.tolist(),
-                "mask": r.loss_mask.tolist(),
-                "logprobs": r.logprobs.tolist(),
+                "mask": (r.loss_mask * k).tolist(),
+                "logprobs": (r.logprobs * k).tolist(),
                 "reward": r.reward,
+                "routed_experts": (
+                    r.routed_experts.tolist() if r.routed_experts is not None else None
+                ),
             }
-            for r in rows
+            for r, k in zip(rows, keep)
         ]
 
     def export(self, batch: Batch, path: str | Path, **options: Any) -> Path:
@@ -56,6 +61,11 @@ class JsonRowsAdapter:
                 loss_mask=np.asarray(d["mask"], np.int8),
                 logprobs=np.asarray(d["logprobs"], np.float32),
                 reward=d["reward"],
+                routed_experts=(
+                    np.asarray(d["routed_experts"], np.int16)
+                    if d["routed_experts"] is not None
+                    else None
+                ),
             )
             for d in converted
         ]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rollwire.adapters import ExportedRow, TrainerAdapter
-from rollwire.protocol import Group
+from rollwire.protocol import Group, Row
 from rollwire.testing.samples import sample_batch
 from rollwire.trajectory import build_rows
 
@@ -21,6 +21,10 @@ class TrainerAdapterConformance:
 
     #: keyword options passed to ``convert`` / ``export`` (e.g. verl's ``pad_token_id``).
     convert_options: ClassVar[dict[str, Any]] = {}
+    #: whether ``flatten`` must give each row's full routed experts (DESIGN §6). An adapter whose
+    #: trainer format cannot hold them sets False and says why; rows that do carry them are
+    #: still compared.
+    exports_routed_experts: ClassVar[bool] = True
 
     @pytest.fixture
     def adapter(self) -> TrainerAdapter:
@@ -45,21 +49,48 @@ class TrainerAdapterConformance:
         by_rollout: dict[str, list[ExportedRow]] = {}
         for row in flat:
             by_rollout.setdefault(row.rollout_id, []).append(row)
+        expected_by_rollout: dict[str, list[Row]] = {}
         for expected in build_rows(batch):
-            if expected.status != "completed":
+            expected_by_rollout.setdefault(expected.rollout_id, []).append(expected)
+        statuses = {r.rollout_id: r.status for g in batch for r in g.rollouts}
+        assert set(by_rollout) <= set(statuses), "the export has rows of unknown rollouts"
+        for rollout_id, status in statuses.items():
+            got_rows = by_rollout.get(rollout_id, [])
+            if status != "completed":
+                # a failed rollout trains nothing: excluded, or every row fully masked out
+                for got in got_rows:
+                    assert not np.any(got.loss_mask), (
+                        f"rollout {rollout_id} ({status}) exports trainable tokens"
+                    )
                 continue
-            got_rows = by_rollout.get(expected.rollout_id)
-            assert got_rows, f"rollout {expected.rollout_id} missing from the export"
-            got = got_rows[expected.row_index]
-            np.testing.assert_array_equal(got.prompt_ids, expected.prompt_ids)
-            np.testing.assert_array_equal(got.response_ids, expected.response_ids)
-            np.testing.assert_array_equal(got.loss_mask, expected.loss_mask)
-            np.testing.assert_allclose(
-                np.where(expected.loss_mask == 1, got.logprobs, 0.0),
-                expected.logprobs,
-                atol=1e-6,
+            expected_rows = expected_by_rollout.get(rollout_id, [])
+            assert len(got_rows) == len(expected_rows), (
+                f"rollout {rollout_id}: {len(got_rows)} rows exported, "
+                f"TrajectoryBuilder gives {len(expected_rows)}"
             )
-            assert got.reward == pytest.approx(expected.reward)
+            for got, expected in zip(got_rows, expected_rows):
+                self._check_row(got, expected)
+
+    def _check_row(self, got: ExportedRow, expected: Row) -> None:
+        np.testing.assert_array_equal(got.prompt_ids, expected.prompt_ids)
+        np.testing.assert_array_equal(got.response_ids, expected.response_ids)
+        np.testing.assert_array_equal(got.loss_mask, expected.loss_mask)
+        np.testing.assert_allclose(
+            np.where(expected.loss_mask == 1, got.logprobs, 0.0),
+            expected.logprobs,
+            atol=1e-6,
+        )
+        assert got.reward == pytest.approx(expected.reward)
+        if expected.routed_experts is None:
+            assert got.routed_experts is None, "routed experts exported for a row without any"
+        elif got.routed_experts is not None or self.exports_routed_experts:
+            assert got.routed_experts is not None, (
+                f"rollout {expected.rollout_id} row {expected.row_index}: routed experts dropped"
+            )
+            np.testing.assert_array_equal(
+                np.asarray(got.routed_experts, dtype=np.int64),
+                expected.routed_experts.astype(np.int64),
+            )
 
     def test_flat_rollouts_equal_groups(self, adapter: TrainerAdapter, batch: list[Group]) -> None:
         flat_rollouts = [r for g in batch for r in g.rollouts]
