@@ -96,5 +96,7 @@ def test_read_sglang_reshapes_int32_experts() -> None:
 async def test_generate_unreachable_backend() -> None:
     async with aiohttp.ClientSession() as http:
         with pytest.raises(BackendFailure) as info:
-            await generate(http, "http://127.0.0.1:9", "vllm", {"token_ids": [1]}, prompt_len=1)
+            await generate(
+                http, "http://127.0.0.1:9", "vllm", {"token_ids": [1]}, prompt_len=1, timeout=5
+            )
     assert info.value.connection and info.value.status == 502

@@ -18,6 +18,7 @@ import pytest
 from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire.gateway.render import ChatRenderer
+from rollwire.gateway_client import GatewayAPIError
 from rollwire.protocol import ModelCall, Rollout
 from rollwire.trajectory import TrajectoryBuilder
 
@@ -332,6 +333,23 @@ def test_tokens_mode_refuses_openai_backend(renderer: ChatRenderer, engine: Embe
             oai.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
 
 
+def test_tokens_mode_refuses_constraints_it_cannot_apply(gateway: RunningGateway) -> None:
+    with gateway.client() as client:
+        h = client.create_session(capture="tokens")
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="response_format"):
+            oai.chat.completions.create(
+                model="p",
+                messages=[{"role": "user", "content": "hi"}],
+                response_format={"type": "json_object"},
+            )
+        with pytest.raises(openai.BadRequestError, match="logit_bias"):
+            oai.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hi"}], logit_bias={"42": 3}
+            )
+        assert client.calls(h.session_id) == []
+
+
 def test_edited_history_starts_a_branch(gateway: RunningGateway) -> None:
     with gateway.client() as client:
         h = client.create_session(capture="tokens")
@@ -385,16 +403,7 @@ def test_tools_refused_when_no_parser_matches(
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
     )
-    with gateway.client() as client:
-        h = client.create_session(capture="tokens", metadata={"tokenizer": str(folder)})
-        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="no tool-call parser"):
-            oai.chat.completions.create(
-                model="p",
-                messages=[{"role": "user", "content": "hi"}],
-                tools=TOOLS_6,  # type: ignore[arg-type]
-            )
-        r = oai.chat.completions.create(
-            model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-        )
-        assert r.choices[0].message.role == "assistant"  # plain chats need no tool parser
+    with gateway.client() as client, pytest.raises(GatewayAPIError, match="no tool-call parser"):
+        # Refused when the session is created (tokens.check_session); the request-time refusal
+        # for sessions that were not checked is in test_handler.
+        client.create_session(capture="tokens", metadata={"tokenizer": str(folder)})

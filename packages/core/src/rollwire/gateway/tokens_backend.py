@@ -35,13 +35,14 @@ _SAME_NAME = (
 
 
 class BackendFailure(Exception):
-    """The backend could not be reached or refused the request."""
+    """The backend could not be reached (``connection``) or refused the request."""
 
     def __init__(self, status: int, message: str, *, connection: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.connection = connection
+        self.backend: str | None = None  # name of the backend that failed, set by the caller
 
 
 @dataclass
@@ -138,22 +139,28 @@ async def generate(
     *,
     prompt_len: int,
     experts_shape: tuple[int, int] | None = None,
-    timeout: float = 600.0,
+    timeout: float,
+    connect_timeout: float | None = None,
 ) -> Generation:
-    """POST ``payload`` to the backend's token-in route and read its answer."""
+    """POST ``payload`` to the backend's token-in route and read its answer within ``timeout``
+    seconds (the gateway's ``upstream_timeout``; ``connect_timeout`` for the connection)."""
     try:
         async with http.post(
             url + _route(kind),
             data=orjson.dumps(payload),
             headers={"Content-Type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout),
         ) as resp:
             raw = await resp.read()
             status = resp.status
-    except (aiohttp.ClientConnectionError, OSError) as exc:
+    except aiohttp.ConnectionTimeoutError as exc:
         raise BackendFailure(502, f"backend {url} unreachable: {exc}", connection=True) from exc
+    # Before ClientConnectionError: aiohttp's read timeouts are both. A slow backend is not a
+    # dead one (and the request may still be running there): no failover.
     except asyncio.TimeoutError as exc:
         raise BackendFailure(504, f"backend {url} did not answer within {timeout}s") from exc
+    except (aiohttp.ClientConnectionError, OSError) as exc:
+        raise BackendFailure(502, f"backend {url} unreachable: {exc}", connection=True) from exc
     if status != 200:
         raise BackendFailure(
             status if status < 500 else 502,

@@ -21,7 +21,7 @@ import numpy as np
 from rollwire.gateway.parsers import split_reasoning
 from rollwire.gateway.render import ChatRenderer, message_text, normalize_messages
 
-__all__ = ["HealResult", "Healer", "same_assistant", "same_message"]
+__all__ = ["FullRender", "HealResult", "Healer", "same_assistant", "same_message"]
 
 _PROBE_USER = "rollwire probe"
 _PLACEHOLDER = "ROLLWIRE-PLACEHOLDER-9f1c"
@@ -126,6 +126,26 @@ class HealResult:
     suffix_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
 
+@dataclass
+class FullRender:
+    """A request no earlier call extends: render it in full, on a new branch (:meth:`run`).
+
+    Touches no :class:`Healer` state, so it may run in a worker thread.
+    """
+
+    renderer: ChatRenderer
+    messages: list[Any]
+    tools: list[Any] | None
+    kwargs: dict[str, Any]
+    branch: int
+    fork_reason: str | None
+
+    def run(self) -> HealResult:
+        """Render the whole history with the chat template."""
+        prompt = self.renderer.render(self.messages, self.tools, chat_template_kwargs=self.kwargs)
+        return HealResult(prompt, False, self.branch, self.fork_reason)
+
+
 class Healer:
     """Per-session healing state: the last few served calls and the probe cache."""
 
@@ -145,6 +165,17 @@ class Healer:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> HealResult:
         """Prompt ids for ``messages``: healed from an earlier call when it extends one."""
+        step = self.heal(messages, tools, chat_template_kwargs)
+        return step if isinstance(step, HealResult) else step.run()
+
+    def heal(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> HealResult | FullRender:
+        """The healed prompt (cheap: work grows with the new messages only), or the full render
+        still to do — which grows with the history, so an async caller runs it off the loop."""
         msgs = list(messages)
         tool_list = list(tools) if tools else None
         kwargs = dict(chat_template_kwargs or {})
@@ -163,8 +194,9 @@ class Healer:
         same = self._repeat_of(msgs, tool_list, kwargs)
         if same is not None:
             return HealResult(same.prompt_ids.copy(), False, branch, "repeats an earlier request")
-        prompt = self.renderer.render(msgs, tool_list, chat_template_kwargs=kwargs)
-        return HealResult(prompt, False, branch, reasons[0] if reasons else None)
+        return FullRender(
+            self.renderer, msgs, tool_list, kwargs, branch, reasons[0] if reasons else None
+        )
 
     def record(
         self,
