@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -199,3 +201,67 @@ def test_storage_grows_linearly(tmp_path: Path) -> None:
         f"{sum(len(orjson.dumps(x.request)) for x in calls)} B of requests alone"
     )
     _ = time
+
+
+class _DiesMidAnswer:
+    """A backend that accepts a request, sends the status line, headers and part of the body,
+    then drops the connection (a crashed inference server)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.sock.settimeout(0.05)
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(5)
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                self.requests += 1
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b'Content-Length: 4000\r\n\r\n{"id": "chatcmpl-half", "choices": [{"ind'
+                )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_backend_dying_mid_answer_is_retried_on_a_healthy_one() -> None:
+    dying = _DiesMidAnswer()
+    good = NullBackend()
+    try:
+        with (
+            ServerThread(good) as sg,
+            serve_in_thread(backends=[(dying.url, "vllm"), (sg.url, "vllm")]) as gw,
+            gw.client() as c,
+        ):
+            h = c.create_session()
+            oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+            r = oai.chat.completions.create(model="p", messages=MSGS)
+            assert r.choices[0].message.content
+            assert dying.requests >= 1 and good.calls == 1
+            calls = c.calls(h.session_id)
+            assert [x.status for x in calls] == ["ok"]
+            assert sum(x.trainable for x in calls) == 1
+            assert calls[0].backend == "b1"
+            assert {b["name"]: b["healthy"] for b in c.backends()}["b0"] is False
+    finally:
+        dying.close()

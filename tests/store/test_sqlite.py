@@ -43,3 +43,31 @@ async def test_pragmas_and_blob_columns(tmp_path: Path) -> None:
     row = conn.execute("SELECT new_prompt, completion, logprobs FROM calls").fetchone()
     assert [len(b) for b in row] == [40, 12, 12]  # packed int32 / float32, not JSON
     conn.close()
+
+
+async def test_missing_tools_blob_is_an_error_not_an_empty_list(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "b.db"
+    store = SQLiteStore(str(path))
+    await store.create_session(SessionRecord(session_id="s"))
+    call = make_call("s", [1], [2])
+    call.request["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    await store.append_call(call)
+    await store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM blobs")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(str(path))
+    try:
+        with pytest.raises(LookupError, match="missing"):
+            await store.calls("s")
+    finally:
+        await store.close()
+
+
+def test_redis_url_says_only_sqlite_exists() -> None:
+    with pytest.raises(ValueError, match="only the SQLite store") as exc:
+        open_store("redis://localhost:6379")
+    assert "pip install" not in str(exc.value)

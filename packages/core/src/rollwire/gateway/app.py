@@ -31,7 +31,7 @@ from rollwire.gateway.config import BackendSpec, GatewayConfig
 from rollwire.gateway.context import ChatContext
 from rollwire.gateway.errors import GatewayError, error_body, error_response
 from rollwire.gateway.metrics import GatewayMetrics
-from rollwire.gateway.sampling import apply_sampling
+from rollwire.gateway.sampling import apply_sampling, check_sampling, tool_choice_flags
 from rollwire.gateway.security import TokenError, TokenSigner, new_secret
 from rollwire.gateway.upstream import (
     UpstreamBrokenError,
@@ -40,7 +40,7 @@ from rollwire.gateway.upstream import (
     UpstreamPool,
 )
 from rollwire.protocol import ModelCall
-from rollwire.store import SessionRecord, Store, open_store
+from rollwire.store import SessionClosed, SessionNotFound, SessionRecord, Store, open_store
 
 __all__ = ["Gateway"]
 
@@ -54,6 +54,8 @@ _MODELS = "/v1/models"
 _LOGPROBS_MODE = {"vllm": "raw", "sglang": "processed"}
 _MAX_ATTEMPT_HASHES = 8
 _UPSTREAM_HEADERS = b"Content-Type: application/json\r\nX-Session-ID: "
+_MAX_CACHED_SESSIONS = 65_536  # live sessions kept in memory; idle ones past it are evicted
+_SWEEP_INTERVAL = 30.0  # seconds between sweeps of expired sessions out of that cache
 
 ASGIResponse = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
@@ -82,19 +84,34 @@ class RawResponse:
         await send({"type": "http.response.body", "body": self.body})
 
 
+class _Attempt:
+    """One request of a session, registered when it starts, so an agent-side retry is matched
+    with its original even while the original is still running."""
+
+    __slots__ = ("call_id", "committed", "prior", "retry_count", "superseded_by")
+
+    def __init__(self, retry_count: int, prior: _Attempt | None) -> None:
+        self.retry_count = retry_count
+        self.prior = prior  # the attempt this one retries (same body, retry header > 0)
+        self.call_id: str | None = None
+        self.committed = False
+        self.superseded_by: str | None = None  # a retry of this one succeeded before it landed
+
+
 class SessionState:
     """What the gateway keeps in memory about a live session."""
 
-    __slots__ = ("attempts", "in_flight", "record", "state", "upstream_headers")
+    __slots__ = ("attempts", "header_id", "in_flight", "record", "state", "upstream_headers")
 
     def __init__(self, record: SessionRecord) -> None:
         self.record = record
         self.state: dict[str, Any] = {}
         self.in_flight = 0
-        self.attempts: OrderedDict[int, str] = OrderedDict()  # hash(raw body) -> call_id
+        self.attempts: OrderedDict[int, _Attempt] = OrderedDict()  # hash(raw body) -> attempt
         sid = record.session_id.encode("utf-8")
         if any(c < 0x20 or c == 0x7F for c in sid):
             sid = b""  # never put control characters (CR/LF) into a header line
+        self.header_id = sid.decode("utf-8")
         # The header lines every forwarded call of this session carries (prefix-cache affinity).
         self.upstream_headers = _UPSTREAM_HEADERS + sid + b"\r\n"
 
@@ -125,7 +142,9 @@ class Gateway:
         self.signer = TokenSigner(secret or new_secret())
         self.pool = BackendPool([BackendSpec.parse(b) for b in cfg.backends])
         self.metrics = GatewayMetrics()
-        self.sessions: dict[str, SessionState] = {}
+        # Live sessions (LRU): terminal ones are not kept, expired and idle-over-bound evicted.
+        self.sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self.closing: set[str] = set()  # sessions whose completion is under way: no new calls
         self.waiters: dict[str, asyncio.Event] = {}
         self.policy_version: str | None = None
         self.paused = False
@@ -135,6 +154,7 @@ class Gateway:
         self._http: aiohttp.ClientSession | None = None
         self.upstream = UpstreamPool(limit=cfg.pool_size, connect_timeout=cfg.connect_timeout)
         self._health_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
@@ -173,10 +193,11 @@ class Gateway:
         self._http = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, auto_decompress=False
         )
-        if self.pool.backends:
-            self._health_task = asyncio.create_task(
-                self.pool.run_health_checks(self._http, self.config.health_interval)
-            )
+        # Always: backends added at run time (POST /api/backends) need checks too.
+        self._health_task = asyncio.create_task(
+            self.pool.run_health_checks(self._http, self.config.health_interval)
+        )
+        self._sweep_task = asyncio.create_task(self._sweep_sessions())
         if self.config.tune_gc:
             gc.collect()
             gc.freeze()
@@ -184,10 +205,11 @@ class Gateway:
 
     async def shutdown(self) -> None:
         """Stop background work, close the pool and (if the gateway opened it) the store."""
-        if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._health_task
+        for task in (self._health_task, self._sweep_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.upstream.close()
@@ -261,6 +283,7 @@ class Gateway:
         """The live state of a session (loaded from the store on first use)."""
         st = self.sessions.get(session_id)
         if st is not None:
+            self.sessions.move_to_end(session_id)
             return st
         rec = await self.store.get_session(session_id)
         if rec is None:
@@ -278,8 +301,46 @@ class Gateway:
         st = self.sessions.get(session_id)
         if st is None:
             st = SessionState(rec)
-            self.sessions[session_id] = st
+            if not rec.terminal:  # a closed session needs no state: its calls get 409
+                self.sessions[session_id] = st
+                if len(self.sessions) > _MAX_CACHED_SESSIONS:
+                    self._evict(time.time())
         return st
+
+    def _evict(self, now: float) -> None:
+        """Drop expired sessions, then least recently used idle ones past the bound."""
+        for sid, st in list(self.sessions.items()):
+            exp = st.record.expires_at
+            if st.in_flight == 0 and exp is not None and exp < now:
+                del self.sessions[sid]
+        # Down to 90% of the bound, so a gateway at the bound does not scan on every new session.
+        excess = len(self.sessions) - _MAX_CACHED_SESSIONS * 9 // 10
+        if excess > 0:
+            for sid in [sid for sid, st in self.sessions.items() if st.in_flight == 0][:excess]:
+                del self.sessions[sid]
+
+    async def _sweep_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(_SWEEP_INTERVAL)
+            self._evict(time.time())
+
+    async def expire(self, rec: SessionRecord) -> SessionRecord:
+        """Give a running session past its TTL the status ``timeout`` (returns the record)."""
+        if rec.terminal or rec.expires_at is None or rec.expires_at >= time.time():
+            return rec
+        from rollwire.store import CompletionConflict
+
+        try:
+            new, changed = await self.store.complete(
+                rec.session_id, status="timeout", error="session expired (ttl passed)"
+            )
+        except CompletionConflict as exc:
+            return exc.record  # completed meanwhile
+        except SessionNotFound:
+            return rec
+        if changed:
+            self.session_finished(new)
+        return new
 
     def issue_token(self, rec: SessionRecord) -> str:
         """A signed data-plane token for the session."""
@@ -291,7 +352,7 @@ class Gateway:
         if st is not None:
             st.record = rec
             if st.in_flight == 0:
-                self.sessions.pop(rec.session_id, None)
+                del self.sessions[rec.session_id]
         ev = self.waiters.get(rec.session_id)
         if ev is not None:
             ev.set()
@@ -305,53 +366,75 @@ class Gateway:
         counted = False
         response: ASGIResponse
         try:
-            session_id = self.authenticate(token)
-            st = await self.session_state(session_id)
-            method = scope["method"]
-            if rest == _MODELS and method == "GET":
-                response = await self._models()
-            elif rest in (_CHAT, _COMPLETIONS) and method == "POST":
-                raw = await _read_body(scope, receive, self.config.max_body_bytes)
-                if self.paused:
-                    assert self._resumed is not None
-                    await self._resumed.wait()
-                self._check_budget(st)
-                st.in_flight += 1
-                self.in_flight += 1
-                counted = True
-                if self._drained is not None:
-                    self._drained.clear()
-                response = await self._handle_call(scope, st, rest, raw)
-            else:
-                raise GatewayError(
-                    404,
-                    f"no route {method} {rest} on the data plane",
-                    "invalid_request_error",
-                    "not_found",
-                )
-        except GatewayError as exc:
-            response = exc.response()
-        try:
+            try:
+                session_id = self.authenticate(token)
+                st = await self.session_state(session_id)
+                method = scope["method"]
+                if rest == _MODELS and method == "GET":
+                    response = await self._models()
+                elif rest in (_CHAT, _COMPLETIONS) and method == "POST":
+                    raw = await _read_body(scope, receive, self.config.max_body_bytes)
+                    if self.paused:
+                        assert self._resumed is not None
+                        await self._resumed.wait()
+                    self._check_budget(st)
+                    st.in_flight += 1
+                    self.in_flight += 1
+                    counted = True
+                    if self._drained is not None:
+                        self._drained.clear()
+                    response = await self._handle_call(scope, st, rest, raw)
+                else:
+                    raise GatewayError(
+                        404,
+                        f"no route {method} {rest} on the data plane",
+                        "invalid_request_error",
+                        "not_found",
+                    )
+            except GatewayError as exc:
+                response = exc.response()
+            except Exception as exc:
+                response = self._internal_error(exc, st)
             await response(scope, receive, send)
         finally:
+            # Whatever happened above (even an exception while sending): the call is over.
             if counted and st is not None:
                 st.in_flight -= 1
                 self.in_flight -= 1
                 if self.in_flight == 0 and self._drained is not None:
                     self._drained.set()
-                if st.in_flight == 0 and st.record.terminal:
-                    self.sessions.pop(st.record.session_id, None)
+                sid = st.record.session_id
+                if st.in_flight == 0 and st.record.terminal and self.sessions.get(sid) is st:
+                    del self.sessions[sid]
+
+    def _internal_error(self, exc: Exception, st: SessionState | None) -> Response:
+        sid = st.record.session_id if st is not None else None
+        log.error("unexpected error serving a call of session %r", sid, exc_info=exc)
+        self.metrics.error("internal")
+        return error_response(
+            500,
+            f"internal gateway error: {type(exc).__name__}: {exc}",
+            "server_error",
+            "internal_error",
+        )
 
     def _check_budget(self, st: SessionState) -> None:
         rec = st.record
-        if rec.terminal:
+        if rec.terminal or rec.session_id in self.closing:
             raise GatewayError(
                 409,
-                f"session {rec.session_id!r} is {rec.status}; it accepts no more model calls",
+                f"session {rec.session_id!r} is "
+                f"{rec.status if rec.terminal else 'being completed'}; "
+                "it accepts no more model calls",
                 "invalid_request_error",
                 "session_closed",
             )
         if rec.expires_at is not None and rec.expires_at < time.time():
+            # Touched after its TTL: it becomes ``timeout`` (in the background; the call is
+            # refused either way).
+            task = asyncio.ensure_future(self.expire(rec))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
             raise GatewayError(401, "session expired", "authentication_error", "session_expired")
         if rec.max_calls is not None and rec.num_calls + st.in_flight >= rec.max_calls:
             self.metrics.error("budget_calls")
@@ -409,28 +492,75 @@ class Gateway:
                 retry_count = int(rc)
         raw_hash = hash(raw)
         rec = st.record
+        # Registered now, not at commit: a retry that lands before its original is still matched.
+        attempts = st.attempts
+        attempt = _Attempt(retry_count, attempts.get(raw_hash) if retry_count > 0 else None)
+        attempts[raw_hash] = attempt
+        attempts.move_to_end(raw_hash)
+        if len(attempts) > _MAX_ATTEMPT_HASHES:
+            attempts.popitem(last=False)
 
         async def commit(call: ModelCall) -> None:
-            await self._commit(st, call, raw_hash, retry_count)
+            await self._commit(st, call, attempt)
 
+        try:
+            return await self._dispatch(scope, st, path, body, attempt, commit, t0, started_at)
+        except GatewayError:
+            raise
+        except Exception as exc:
+            if not attempt.committed:
+                # Still leave a trace of the attempt: a failed, non-trainable call.
+                call = new_call(
+                    call_id=attempt.call_id or self.new_call_id(),
+                    session_id=rec.session_id,
+                    index=0,
+                    status="failed",
+                    trainable=False,
+                    error=f"internal gateway error: {type(exc).__name__}: {exc}",
+                    stream=bool(body.get("stream")),
+                    started_at=started_at,
+                    latency_ms=(time.perf_counter() - t0) * 1000.0,
+                    request=body,
+                    capture=rec.capture,
+                )
+                with contextlib.suppress(Exception):
+                    await commit(call)
+            return self._internal_error(exc, st)
+
+    async def _dispatch(
+        self,
+        scope: dict[str, Any],
+        st: SessionState,
+        path: str,
+        body: dict[str, Any],
+        attempt: _Attempt,
+        commit: Callable[[ModelCall], Awaitable[None]],
+        t0: float,
+        started_at: float,
+    ) -> ASGIResponse:
+        rec = st.record
         if path == _CHAT and rec.capture == "tokens":
             return await self._tokens_chat(scope, st, body, commit, started_at)
 
         fwd = dict(body)
         asked = Asked.from_body(body)
         effective, flags = self.apply_sampling(rec, fwd)
+        if "tool_choice" in body:
+            flags += tool_choice_flags(body)
         backend = self.pool.pick(rec.session_id)
         if backend is None:
             raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
         stream = bool(body.get("stream"))
         chat = path == _CHAT
         if rec.chat_template_kwargs and chat:
+            agent_kwargs = fwd.get("chat_template_kwargs")
             fwd["chat_template_kwargs"] = {
-                **(fwd.get("chat_template_kwargs") or {}),
+                **(agent_kwargs if isinstance(agent_kwargs, dict) else {}),
                 **rec.chat_template_kwargs,
             }
+        attempt.call_id = self.new_call_id()
         call = new_call(
-            call_id=self.new_call_id(),
+            call_id=attempt.call_id,
             session_id=rec.session_id,
             index=0,
             sampling=effective,
@@ -443,14 +573,20 @@ class Gateway:
             capture="passthrough",
         )
         if stream:
-            headers = {"content-type": _JSON, "x-session-id": rec.session_id}
+            headers = {"content-type": _JSON, "x-session-id": st.header_id}
             return await self._forward_stream(st, call, fwd, asked, chat, path, headers, t0, commit)
         return await self._forward(st, call, fwd, asked, path, st.upstream_headers, t0, commit)
 
     def apply_sampling(
         self, rec: SessionRecord, body: dict[str, Any]
     ) -> tuple[dict[str, Any], list[str]]:
-        """The session's sampling policy applied to ``body`` in place, plus the token budget."""
+        """The session's sampling policy applied to ``body`` in place, plus the token budget.
+
+        Raises a 400 :class:`GatewayError` when the agent sent a parameter of the wrong type."""
+        try:
+            check_sampling(body)
+        except ValueError as exc:
+            raise GatewayError(400, str(exc), code="invalid_sampling_parameter") from exc
         effective, flags = apply_sampling(body, rec.sampling, rec.sampling_policy)
         if rec.max_tokens is not None:
             left = max(1, rec.max_tokens - rec.num_tokens)
@@ -638,8 +774,12 @@ class Gateway:
         call.logprobs = cap.logprobs
         call.routed_experts = cap.routed_experts
         call.finish_reason = cap.finish_reason
-        if cap.weight_version is not None and self.policy_version is None:
+        if cap.weight_version is not None:
+            # What the backend says it sampled with wins; a disagreement with the version the
+            # trainer set is worth knowing about (a weight sync not yet landed, a stale replica).
             call.policy_version = cap.weight_version
+            if self.policy_version is not None and self.policy_version != cap.weight_version:
+                call.flags.append("policy_version_mismatch")
         if backend.kind == "openai" or not cap.has_ids:
             call.trainable = False
             call.flags.append("no_token_ids")
@@ -706,7 +846,8 @@ class Gateway:
         error: str | None = None
         buf = b""
 
-        async def finish(ok: bool) -> None:
+        async def finish(ok: bool) -> bytes | None:
+            """Commit the call; an SSE error event when that was refused, else None."""
             nonlocal committed
             committed = True
             self._fill(call, acc.captured(), backend)
@@ -716,8 +857,12 @@ class Gateway:
                 call.status = "failed"
                 call.trainable = False
                 call.error = error or "stream ended before [DONE]"
-            await commit(call)
+            try:
+                await commit(call)
+            except GatewayError as exc:  # the session was closed or deleted meanwhile
+                return b"data: " + error_body(exc.message, exc.type, exc.code) + b"\n\n"
             self.metrics.latency.observe(time.perf_counter() - t0)
+            return None
 
         try:
             async for data in resp.content.iter_any():
@@ -733,7 +878,11 @@ class Gateway:
                             continue
                         payload = line[5:].strip()
                         if payload == b"[DONE]":
-                            await finish(True)
+                            # A stream that carried an error event is not a good call.
+                            refused = await finish(error is None)
+                            if refused is not None:
+                                yield refused
+                                return
                             yield b"data: [DONE]\n\n"
                             continue
                         try:
@@ -750,10 +899,10 @@ class Gateway:
                         elif strip_chunk(chunk, asked):
                             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
             if not committed:
-                if acc.finish_reason is not None and error is None:
-                    await finish(True)  # a server that ends without [DONE]
-                else:
-                    await finish(False)
+                # A server that ends without [DONE] after a finish reason is still a good call.
+                refused = await finish(acc.finish_reason is not None and error is None)
+                if refused is not None:
+                    yield refused
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             error = f"inference backend stream failed: {exc!r}"
             if not committed:
@@ -769,20 +918,43 @@ class Gateway:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 
-    async def _commit(
-        self, st: SessionState, call: ModelCall, raw_hash: int, retry_count: int
-    ) -> None:
+    async def _commit(self, st: SessionState, call: ModelCall, attempt: _Attempt) -> None:
         rec = st.record
         if call.policy_version is None:
             call.policy_version = self.policy_version
         if call.backend is None:
             b = self.pool.backends.get(self.pool._sticky.get(rec.session_id, ""))
             call.backend = b.name if b is not None else None
-        if retry_count > 0:
-            call.retry_count = retry_count
-            call.retry_of = st.attempts.get(raw_hash)
+        prior = attempt.prior
+        if attempt.retry_count > 0:
+            call.retry_count = attempt.retry_count
+            if prior is not None:
+                call.retry_of = prior.call_id
+        if attempt.superseded_by is not None:
+            # A retry of this request succeeded while this one was still running.
+            call.trainable = False
+            call.flags.append("superseded_by_retry")
+        # Set before the await: a retry committing meanwhile queues its mark after this append.
+        attempt.call_id = call.call_id
+        attempt.committed = True
         t = time.perf_counter()
-        await self.store.append_call(call)
+        try:
+            await self.store.append_call(call)
+        except SessionClosed as exc:
+            raise GatewayError(
+                409,
+                f"session {rec.session_id!r} was completed while this call ran; the call is "
+                "not recorded",
+                "invalid_request_error",
+                "session_closed",
+            ) from exc
+        except SessionNotFound as exc:
+            raise GatewayError(
+                404,
+                f"session {rec.session_id!r} was deleted while this call ran",
+                "invalid_request_error",
+                "session_not_found",
+            ) from exc
         self.metrics.commit_latency.observe(time.perf_counter() - t)
         n_completion = int(call.completion_ids.shape[0])
         rec.num_calls += 1
@@ -793,12 +965,11 @@ class Gateway:
             int(call.prompt_ids.shape[0]),
             n_completion,
         )
-        if call.retry_of is not None and call.status == "ok":
-            await self.store.mark_superseded(rec.session_id, call.retry_of, call.call_id)
-        st.attempts[raw_hash] = call.call_id
-        st.attempts.move_to_end(raw_hash)
-        if len(st.attempts) > _MAX_ATTEMPT_HASHES:
-            st.attempts.popitem(last=False)
+        if prior is not None and call.status == "ok":
+            if prior.committed and prior.call_id is not None:
+                await self.store.mark_superseded(rec.session_id, prior.call_id, call.call_id)
+            else:
+                prior.superseded_by = call.call_id  # it marks itself when it lands
 
     async def _tokens_chat(
         self,
@@ -834,6 +1005,7 @@ class Gateway:
             },
             mark_backend_failed=lambda: self.pool.mark_failed(backend),
             started_at=started_at,
+            gateway=self,
         )
         backend.in_flight += 1
         try:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
+import logging
+import math
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -15,7 +18,7 @@ from starlette.routing import Route
 
 from rollwire.gateway.config import BACKEND_KINDS, BackendSpec
 from rollwire.gateway.errors import GatewayError, error_response
-from rollwire.gateway.sampling import POLICIES
+from rollwire.gateway.sampling import POLICIES, check_sampling
 from rollwire.gateway.security import TokenError
 from rollwire.protocol import TERMINAL_STATUSES, Rollout
 from rollwire.store import CompletionConflict, SessionExists, SessionNotFound, SessionRecord
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
     from rollwire.gateway.app import Gateway
 
 __all__ = ["build_control_app"]
+
+log = logging.getLogger("rollwire.gateway")
 
 _CREATE_FIELDS = {
     "session_id",
@@ -50,8 +55,27 @@ def _json(data: Any, status: int = 200) -> Response:
     )
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        413,
+        f"request body exceeds the gateway limit of {limit} bytes",
+        "invalid_request_error",
+        "request_too_large",
+    )
+
+
+async def _body(request: Request, limit: int) -> dict[str, Any]:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw:
         return {}
     try:
@@ -63,6 +87,55 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
+def _positive_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise GatewayError(
+            400, f"{key} must be a positive integer, got {value!r}", code="invalid_field"
+        )
+    return value
+
+
+def _positive_seconds(value: Any, key: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        raise GatewayError(
+            400, f"{key} must be a positive number of seconds, got {value!r}", code="invalid_field"
+        )
+    return float(value)
+
+
+def _query_number(request: Request, key: str, default: float) -> float:
+    raw = request.query_params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise GatewayError(
+            400, f"{key} must be a non-negative number, got {raw!r}", code="invalid_query"
+        )
+    return value
+
+
+def _same(given: str, key: str) -> bool:
+    """Constant-time comparison of a presented key with the admin key."""
+    return hmac.compare_digest(given.encode("utf-8"), key.encode("utf-8"))
+
+
+def _finite(value: Any, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise GatewayError(400, f"{what} must be a number, got {value!r}") from exc
+    if type(value) is bool or not math.isfinite(number):
+        raise GatewayError(400, f"{what} must be a finite number, got {value!r}")
+    return number
+
+
 def build_control_app(gw: Gateway) -> Starlette:
     """The Starlette app serving everything but the data plane."""
 
@@ -70,7 +143,7 @@ def build_control_app(gw: Gateway) -> Starlette:
         if gw.admin_key is None:
             return  # open mode without an admin key: local development
         auth = request.headers.get("authorization", "")
-        if auth[:7].lower() == "bearer " and auth[7:].strip() == gw.admin_key:
+        if auth[:7].lower() == "bearer " and _same(auth[7:].strip(), gw.admin_key):
             return
         gw.metrics.error("unauthorized_admin")
         raise GatewayError(
@@ -89,7 +162,29 @@ def build_control_app(gw: Gateway) -> Starlette:
                 "invalid_request_error",
                 "session_not_found",
             )
+        if not rec.terminal and rec.expires_at is not None and rec.expires_at < time.time():
+            rec = await gw.expire(rec)  # past its TTL: it becomes ``timeout`` when looked at
         return rec
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        return await _body(request, gw.config.max_body_bytes)
+
+    async def check_tokens_session(rec: SessionRecord) -> None:
+        """Refuse a tokens session whose chat template no tool-call parser understands (the
+        calls would fail one by one later). Other problems, such as a backend that is down or
+        names no tokenizer, are left to the request-time checks, which say the same."""
+        from rollwire.gateway import tokens
+        from rollwire.gateway.parsers import TemplateNotSupported
+
+        backend = gw.pool.pick(rec.session_id)
+        try:
+            await tokens.check_session(rec.metadata, backend, gateway=gw)
+        except TemplateNotSupported as exc:
+            raise GatewayError(
+                400, f"capture='tokens': {exc}", code="unsupported_chat_template"
+            ) from exc
+        except Exception as exc:  # not decidable now: the first call will say what is wrong
+            log.info("tokens session %r not checked at creation: %s", rec.session_id, exc)
 
     def public_url(request: Request) -> str:
         if gw.config.public_url:
@@ -98,7 +193,7 @@ def build_control_app(gw: Gateway) -> Starlette:
 
     async def create_session(request: Request) -> Response:
         require_admin(request)
-        body = await _body(request)
+        body = await body_of(request)
         unknown = set(body) - _CREATE_FIELDS
         if unknown:
             raise GatewayError(
@@ -112,29 +207,56 @@ def build_control_app(gw: Gateway) -> Starlette:
             raise GatewayError(
                 400, f"sampling_policy values must be one of {POLICIES}, got {policy!r}"
             )
-        for key in ("metadata", "sampling"):
+        for key in ("metadata", "sampling", "chat_template_kwargs"):
             if body.get(key) is not None and not isinstance(body[key], dict):
-                raise GatewayError(400, f"{key} must be an object, got {body[key]!r}")
-        ttl = float(body.get("ttl") or gw.config.default_ttl)
+                raise GatewayError(
+                    400, f"{key} must be an object, got {body[key]!r}", code="invalid_field"
+                )
+        for key in ("session_id", "group_id", "task_id"):
+            value = body.get(key)
+            if type(value) is int:
+                body[key] = str(value)  # a numeric task index names the task as well
+            elif value is not None and not isinstance(value, str):
+                raise GatewayError(
+                    400, f"{key} must be a string, got {value!r}", code="invalid_field"
+                )
+        aop = body.get("allow_off_policy")
+        if aop is None:
+            aop = False
+        elif not isinstance(aop, bool):
+            raise GatewayError(
+                400, f"allow_off_policy must be true or false, got {aop!r}", code="invalid_field"
+            )
+        ttl = gw.config.default_ttl
+        if body.get("ttl") is not None:
+            ttl = _positive_seconds(body["ttl"], "ttl")
+        max_calls = _positive_int(body, "max_calls")
+        max_tokens = _positive_int(body, "max_tokens")
         now = time.time()
         sampling = dict(body.get("sampling") or {})
+        try:
+            check_sampling(sampling, where="sampling")
+        except ValueError as exc:
+            raise GatewayError(400, str(exc), code="invalid_field") from exc
         if "max_completion_tokens" in sampling:
             sampling.setdefault("max_tokens", sampling.pop("max_completion_tokens"))
         rec = SessionRecord(
-            session_id=str(body.get("session_id") or uuid.uuid4().hex),
+            session_id=body.get("session_id") or uuid.uuid4().hex,
             group_id=body.get("group_id"),
             task_id=body.get("task_id"),
             metadata=dict(body.get("metadata") or {}),
             sampling=sampling,
             sampling_policy=dict(policy),
             capture=capture,
-            allow_off_policy=bool(body.get("allow_off_policy", False)),
+            allow_off_policy=aop,
             chat_template_kwargs=body.get("chat_template_kwargs"),
-            max_calls=body.get("max_calls"),
-            max_tokens=body.get("max_tokens"),
+            max_calls=max_calls,
+            max_tokens=max_tokens,
             expires_at=now + ttl,
             created_at=now,
         )
+        if capture == "tokens":
+            await check_tokens_session(rec)
         try:
             await gw.store.create_session(rec)
         except SessionExists as exc:
@@ -161,6 +283,10 @@ def build_control_app(gw: Gateway) -> Starlette:
         require_admin(request)
         q = request.query_params
         limit = q.get("limit")
+        if limit and not (limit.isdigit() and int(limit) > 0):
+            raise GatewayError(
+                400, f"limit must be a positive integer, got {limit!r}", code="invalid_query"
+            )
         recs = await gw.store.list_sessions(
             group_id=q.get("group_id") or None,
             status=q.get("status") or None,
@@ -221,7 +347,7 @@ def build_control_app(gw: Gateway) -> Starlette:
         sid = request.path_params["session_id"]
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        if not (gw.admin_key is None or token == gw.admin_key):
+        if not (gw.admin_key is None or _same(token, gw.admin_key)):
             try:
                 owner = gw.signer.verify(token) if token else None
             except TokenError:
@@ -234,7 +360,7 @@ def build_control_app(gw: Gateway) -> Starlette:
                     "authentication_error",
                     "invalid_token",
                 )
-        body = await _body(request)
+        body = await body_of(request)
         status = body.get("status") or "completed"
         if status not in TERMINAL_STATUSES:
             raise GatewayError(
@@ -242,46 +368,47 @@ def build_control_app(gw: Gateway) -> Starlette:
             )
         reward = body.get("reward")
         if reward is not None:
-            try:
-                reward = float(reward)
-            except (TypeError, ValueError) as exc:
-                raise GatewayError(400, f"reward must be a number, got {reward!r}") from exc
+            reward = _finite(reward, "reward")
         metrics = body.get("metrics") or {}
         if not isinstance(metrics, dict):
             raise GatewayError(400, f"metrics must be an object of numbers, got {metrics!r}")
+        metrics = {str(k): _finite(v, f"metrics[{k!r}]") for k, v in metrics.items()}
+        error = body.get("error")
+        if error is not None and not isinstance(error, str):
+            raise GatewayError(400, f"error must be a string, got {error!r}")
+        # From here on new calls of the session are refused (409), so none lands after the
+        # completion; calls already in flight are let in first.
+        closing = sid not in gw.closing
+        gw.closing.add(sid)
         try:
-            metrics = {str(k): float(v) for k, v in metrics.items()}
-        except (TypeError, ValueError) as exc:
-            raise GatewayError(400, f"metrics must map names to numbers: {exc}") from exc
-        st = gw.sessions.get(sid)
-        if st is not None and st.in_flight:
-            # Let calls already in flight land first: a completed session has all its calls.
-            deadline = time.monotonic() + 30.0
-            while st.in_flight and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-        try:
-            rec, changed = await gw.store.complete(
-                sid, status=status, reward=reward, metrics=metrics, error=body.get("error")
-            )
-        except SessionNotFound as exc:
-            raise GatewayError(
-                404, f"session {sid!r} not found", "invalid_request_error", "session_not_found"
-            ) from exc
-        except CompletionConflict as exc:
-            raise GatewayError(
-                409, str(exc), "invalid_request_error", "completion_conflict"
-            ) from exc
-        if changed:
+            st = gw.sessions.get(sid)
+            if st is not None and st.in_flight:
+                deadline = time.monotonic() + 30.0
+                while st.in_flight and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            try:
+                rec, changed = await gw.store.complete(
+                    sid, status=status, reward=reward, metrics=metrics, error=error
+                )
+            except SessionNotFound as exc:
+                raise GatewayError(
+                    404, f"session {sid!r} not found", "invalid_request_error", "session_not_found"
+                ) from exc
+            except CompletionConflict as exc:
+                raise GatewayError(
+                    409, str(exc), "invalid_request_error", "completion_conflict"
+                ) from exc
+        finally:
+            if closing:
+                gw.closing.discard(sid)
+        if changed or rec.terminal:
             gw.session_finished(rec)
         return _json(rec.info())
 
     async def wait(request: Request) -> Response:
         require_admin(request)
         sid = request.path_params["session_id"]
-        try:
-            timeout = min(float(request.query_params.get("timeout", 30.0)), 300.0)
-        except ValueError as exc:
-            raise GatewayError(400, "timeout must be a number of seconds") from exc
+        timeout = min(_query_number(request, "timeout", 30.0), 300.0)
         deadline = time.monotonic() + max(0.0, timeout)
         ev = gw.waiters.get(sid)
         if ev is None:
@@ -319,10 +446,12 @@ def build_control_app(gw: Gateway) -> Starlette:
 
     async def add_backend(request: Request) -> Response:
         require_admin(request)
-        body = await _body(request)
+        body = await body_of(request)
         kind = body.get("kind") or "vllm"
-        if not body.get("url"):
-            raise GatewayError(400, "a backend needs a 'url'")
+        if not body.get("url") or not isinstance(body["url"], str):
+            raise GatewayError(400, f"a backend needs a 'url' string, got {body.get('url')!r}")
+        if body.get("name") is not None and not isinstance(body["name"], str):
+            raise GatewayError(400, f"a backend's name must be a string, got {body['name']!r}")
         if kind not in BACKEND_KINDS:
             raise GatewayError(400, f"kind must be one of {BACKEND_KINDS}, got {kind!r}")
         backend = gw.pool.add(BackendSpec(url=str(body["url"]), kind=kind, name=body.get("name")))
@@ -340,7 +469,7 @@ def build_control_app(gw: Gateway) -> Starlette:
     async def policy_version(request: Request) -> Response:
         require_admin(request)
         if request.method == "POST":
-            body = await _body(request)
+            body = await body_of(request)
             if body.get("version") is None:
                 raise GatewayError(400, "body must be {'version': str}")
             gw.policy_version = str(body["version"])
@@ -354,7 +483,7 @@ def build_control_app(gw: Gateway) -> Starlette:
         if request.method == "POST":
             gw.pause()
             if request.query_params.get("wait", "").lower() in ("1", "true", "yes"):
-                timeout = float(request.query_params.get("timeout", 600))
+                timeout = _query_number(request, "timeout", 600.0)
                 await gw.drained(timeout)
         return pause_json()
 

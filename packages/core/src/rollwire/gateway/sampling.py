@@ -7,9 +7,16 @@ when it sent one; ``min``: the smaller of the two (handy for ``max_tokens``). Gu
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["SAMPLING_KEYS", "apply_sampling", "off_policy_flags"]
+__all__ = [
+    "SAMPLING_KEYS",
+    "apply_sampling",
+    "check_sampling",
+    "off_policy_flags",
+    "tool_choice_flags",
+]
 
 SAMPLING_KEYS = (
     "temperature",
@@ -28,6 +35,43 @@ SAMPLING_KEYS = (
     "min_tokens",
 )
 POLICIES = ("session", "agent", "min")
+
+
+_INT_KEYS = ("max_tokens", "max_completion_tokens", "n", "min_tokens", "top_k", "seed")
+_POSITIVE_KEYS = ("max_tokens", "max_completion_tokens", "n")
+_NUMBER_KEYS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+def check_sampling(params: dict[str, Any], where: str = "request") -> None:
+    """Raise ``ValueError`` naming the key and value when a sampling parameter has the wrong type.
+
+    Integers must be integers (``"50"`` is refused, not compared with numbers later), numbers must
+    be finite, ``max_tokens`` and ``n`` positive, ``logit_bias`` an object.
+    """
+    for key in _INT_KEYS:
+        v = params.get(key)
+        if v is None:
+            continue
+        if type(v) is not int:
+            raise ValueError(f"{where}: {key} must be an integer, got {v!r}")
+        if v < 1 and key in _POSITIVE_KEYS:
+            raise ValueError(f"{where}: {key} must be a positive integer, got {v!r}")
+    for key in _NUMBER_KEYS:
+        v = params.get(key)
+        if v is None:
+            continue
+        if type(v) not in (int, float) or not math.isfinite(v):
+            raise ValueError(f"{where}: {key} must be a finite number, got {v!r}")
+    lb = params.get("logit_bias")
+    if lb is not None and not isinstance(lb, dict):
+        raise ValueError(f"{where}: logit_bias must be an object, got {lb!r}")
 
 
 def _merge(key: str, session_val: Any, agent_val: Any, policy: str) -> Any:
@@ -78,3 +122,14 @@ def off_policy_flags(body: dict[str, Any]) -> list[str]:
     if isinstance(n, int) and n > 1:
         flags.append("n>1")
     return flags
+
+
+def tool_choice_flags(body: dict[str, Any]) -> list[str]:
+    """``tool_choice`` ``"required"`` or a named function: vLLM serves it as structured outputs.
+
+    That constrains sampling like guided decoding, so (passthrough) calls are flagged off-policy.
+    """
+    tc = body.get("tool_choice")
+    if tc == "required" or (isinstance(tc, dict) and tc.get("type") in ("function", "tool")):
+        return ["guided_tool_choice"]
+    return []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rollwire.store.base import (
     CompletionConflict,
+    SessionClosed,
     SessionExists,
     SessionNotFound,
     SessionRecord,
@@ -17,6 +18,7 @@ from rollwire.store.sqlite import SQLiteStore
 __all__ = [
     "CompletionConflict",
     "SQLiteStore",
+    "SessionClosed",
     "SessionExists",
     "SessionNotFound",
     "SessionRecord",
@@ -35,12 +37,9 @@ def open_store(url: str | Store) -> Store:
             path = path[2:]
         return SQLiteStore(path or ":memory:")
     if url.startswith(("redis:", "rediss:")):
-        try:
-            from rollwire.store.redis import RedisStore  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ValueError(
-                f"store {url!r}: the Redis store is not available in this install "
-                "(pip install 'rollwire[redis]')"
-            ) from exc
-        return RedisStore(url)  # type: ignore[no-any-return]
+        raise ValueError(
+            f"store {url!r}: only the SQLite store exists in this version of rollwire; use "
+            "'sqlite:PATH' (the 'redis' extra is reserved for a later shared backend and does "
+            "not add one today)"
+        )
     raise ValueError(f"unknown store {url!r}: use 'sqlite:PATH' or 'sqlite::memory:'")

@@ -14,6 +14,7 @@ from rollwire.protocol import TERMINAL_STATUSES, ModelCall
 
 __all__ = [
     "CompletionConflict",
+    "SessionClosed",
     "SessionExists",
     "SessionNotFound",
     "SessionRecord",
@@ -23,6 +24,10 @@ __all__ = [
 
 class SessionNotFound(KeyError):
     """No session with that id."""
+
+
+class SessionClosed(ValueError):
+    """The session is terminal (completed, failed, timed out or cancelled): it takes no calls."""
 
 
 class SessionExists(ValueError):
@@ -126,7 +131,8 @@ class Store(Protocol):
         """Store ``call`` durably; assigns ``index``, ``parent_call_id``, ``shared_prefix_len``.
 
         Also adds the call to the session's ``num_calls`` and its completion tokens to
-        ``num_tokens``. Raises :class:`SessionNotFound` for an unknown session.
+        ``num_tokens``. Raises :class:`SessionNotFound` for an unknown session and
+        :class:`SessionClosed` for a terminal one (nothing is stored then).
         """
         ...
 

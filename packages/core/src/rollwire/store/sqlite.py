@@ -28,9 +28,10 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import orjson
 
-from rollwire.protocol import ModelCall, find_parent
+from rollwire.protocol import TERMINAL_STATUSES, ModelCall, find_parent
 from rollwire.store.base import (
     CompletionConflict,
+    SessionClosed,
     SessionExists,
     SessionNotFound,
     SessionRecord,
@@ -100,6 +101,7 @@ _CACHED_SESSIONS = 4096
 # Token ids held by that cache, all sessions together (int32: 4 bytes each). Least recently used
 # sessions are dropped past it (they are re-read from the file if they get another call).
 _CACHED_TOKENS = 4_000_000
+_TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
 
 
 class _Tokens:
@@ -287,13 +289,26 @@ class SQLiteStore:
         return fut, result, None
 
     def _flush_counts(self, conn: sqlite3.Connection) -> None:
-        # One UPDATE per session per batch, not one per call.
+        # One UPDATE per session per batch, not one per call. It also refuses calls to a
+        # terminal session: a failure here rolls the batch back, and the one-by-one rerun fails
+        # only the appends that came after the completion.
         for session_id, (calls, tokens) in self._counts.items():
-            conn.execute(
+            cur = conn.execute(
                 "UPDATE sessions SET num_calls = num_calls + ?, num_tokens = num_tokens + ?"
-                " WHERE session_id = ?",
+                f" WHERE session_id = ? AND status NOT IN ({_TERMINAL_SQL})",
                 (calls, tokens, session_id),
             )
+            if cur.rowcount == 0:
+                row = conn.execute(
+                    "SELECT status FROM sessions WHERE session_id = ?", (session_id,)
+                ).fetchone()
+                if row is None:
+                    raise SessionNotFound(
+                        f"no session {session_id!r}: create it before adding calls"
+                    )
+                raise SessionClosed(
+                    f"session {session_id!r} is {row[0]}: a terminal session accepts no more calls"
+                )
 
     def _checkpoint_main(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -433,8 +448,10 @@ class SQLiteStore:
         return await self._submit(lambda conn: self._append(conn, call))
 
     def _clear_cache(self) -> None:
+        # After a rollback: blobs written in the rolled-back transaction are gone from the file.
         self._cache.clear()
         self._cached_tokens = 0
+        self._known_blobs.clear()
 
     def _drop_cache(self, session_id: str) -> None:
         cache = self._cache.pop(session_id, None)
@@ -718,7 +735,13 @@ def _read_calls(conn: sqlite3.Connection, session_id: str) -> list[ModelCall]:
             key = tools["$blob"]
             if key not in blobs:
                 got = conn.execute("SELECT data FROM blobs WHERE hash = ?", (key,)).fetchone()
-                blobs[key] = orjson.loads(got[0]) if got else []
+                if got is None:
+                    raise LookupError(
+                        f"call {call_id!r} (index {idx}) of session {session_id!r} refers to "
+                        f"tool schemas {key!r} that are missing from the store file; the file "
+                        "is damaged"
+                    )
+                blobs[key] = orjson.loads(got[0])
             request["tools"] = blobs[key]
         if nm is not None:
             messages = prev_messages[: int(sm or 0)] + _unpack_json(nm)

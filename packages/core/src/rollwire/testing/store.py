@@ -22,6 +22,7 @@ import pytest
 from rollwire.protocol import ModelCall
 from rollwire.store.base import (
     CompletionConflict,
+    SessionClosed,
     SessionExists,
     SessionNotFound,
     SessionRecord,
@@ -223,6 +224,33 @@ class StoreConformance:
         got = await store.get_session(sid)
         assert got is not None and got.status == "completed" and got.metrics == {"acc": 1.0}
 
+    async def test_terminal_session_refuses_calls(self, store: Store) -> None:
+        sid = _sid()
+        await store.create_session(SessionRecord(session_id=sid))
+        await store.append_call(make_call(sid, [1], [2, 3]))
+        await store.complete(sid, reward=1.0)
+        with pytest.raises(SessionClosed, match="completed"):
+            await store.append_call(make_call(sid, [1, 2, 3], [4]))
+        rec = await store.get_session(sid)
+        assert rec is not None and rec.num_calls == 1 and rec.num_tokens == 2
+        assert len(await store.calls(sid)) == 1
+        # Submitted together: what came before the completion lands, what came after does not.
+        other = _sid()
+        await store.create_session(SessionRecord(session_id=other))
+        before, after = make_call(other, [1], [2]), make_call(other, [1, 2], [3])
+        results = await asyncio.gather(
+            store.append_call(before),
+            store.complete(other, status="failed", error="x"),
+            store.append_call(after),
+            return_exceptions=True,
+        )
+        assert not isinstance(results[0], BaseException)
+        assert not isinstance(results[1], BaseException) and results[1][1]
+        assert isinstance(results[2], SessionClosed)
+        assert [c.call_id for c in await store.calls(other)] == [before.call_id]
+        rec = await store.get_session(other)
+        assert rec is not None and rec.num_calls == 1 and rec.status == "failed"
+
     async def test_list_by_group_and_status(self, store: Store) -> None:
         group = _sid()
         sids = [_sid() for _ in range(4)]
@@ -240,6 +268,23 @@ class StoreConformance:
         running = await store.list_sessions(group_id=group, status="running")
         assert [r.session_id for r in running] == [sids[0], sids[3]]
         assert len(await store.list_sessions(group_id=group, limit=2)) == 2
+
+    async def test_tools_survive_a_failed_neighbour(self, store: Store) -> None:
+        # One bad write in a batch must not cost a good one its tool schemas.
+        sid = _sid()
+        await store.create_session(SessionRecord(session_id=sid))
+        good = make_call(sid, [1], [2], messages=[{"role": "user", "content": "x"}])
+        tools = [{"type": "function", "function": {"name": "only_once_" + sid}}]
+        good.request["tools"] = tools
+        results = await asyncio.gather(
+            store.append_call(good),
+            store.append_call(make_call("missing-" + _sid(), [1], [2])),
+            return_exceptions=True,
+        )
+        assert not isinstance(results[0], BaseException)
+        assert isinstance(results[1], SessionNotFound)
+        (got,) = await store.calls(sid)
+        assert got.request["tools"] == tools
 
     async def test_delete(self, store: Store) -> None:
         sid = _sid()
