@@ -1,4 +1,5 @@
-"""Embedded-engine throughput over HTTP: single-stream decode tokens/s and aggregate at 16 concurrent.
+"""Embedded-engine throughput over HTTP: single-stream decode tokens/s, aggregate at 16 concurrent,
+time to prefill a 4,096-token prompt, and a 10-turn scripted conversation.
 
 Run: ``uv run --frozen python benchmarks/engine.py [--tokens 256] [--runs 3] [--concurrency 16]``.
 Targets on a 2-core machine: >= 300 tok/s single stream; aggregate at 16 >= 2x single.
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import time
+from typing import Any
 
 import httpx
 
@@ -43,6 +46,48 @@ async def _measure(url: str, tokens: int, concurrency: int, seed: int) -> float:
         return sum(counts) / (time.perf_counter() - t0)
 
 
+def _long_prompt(url: str, n: int, seed: int = 0) -> float:
+    """Seconds to prefill an ``n``-token prompt (random ids, so no prefix is shared)."""
+    rng = random.Random(seed)
+    ids = [rng.randrange(10, 1300) for _ in range(n)]
+    t0 = time.perf_counter()
+    r = httpx.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": 1}, timeout=600)
+    r.raise_for_status()
+    return time.perf_counter() - t0
+
+
+_REPLY = (
+    '<tool_call>\n{"name": "search", "arguments": {"query": "rollwire engine prefix cache"}}\n'
+    "</tool_call>"
+)
+
+
+def _script(messages: list[dict[str, Any]], tools: Any) -> str:
+    return _REPLY + "\nChecking the results before the next step. " * 4
+
+
+def _scripted_conversation(url: str, turns: int, run: int = 0) -> tuple[float, int]:
+    """Seconds for a ``turns``-turn scripted chat (each turn resends the history) and the last
+    prompt's length; ``run`` varies the first token so runs share no prefix."""
+    msgs: list[dict[str, Any]] = [
+        {
+            "role": "system",
+            "content": f"Run {run}. " + "You are a careful research assistant. " * 40,
+        },
+        {"role": "user", "content": "Find out how the engine reuses prompt prefixes."},
+    ]
+    t0 = time.perf_counter()
+    prompt_len = 0
+    with httpx.Client(timeout=600) as client:
+        for turn in range(turns):
+            body = {"messages": msgs, "logprobs": True, "return_token_ids": True}
+            d = client.post(url + "/v1/chat/completions", json=body).json()
+            prompt_len = len(d["prompt_token_ids"])
+            msgs.append({"role": "assistant", "content": d["choices"][0]["message"]["content"]})
+            msgs.append({"role": "user", "content": f"Result {turn}: " + "more findings. " * 30})
+    return time.perf_counter() - t0, prompt_len
+
+
 def main() -> None:
     """Print single-stream and concurrent tokens/s (medians of several runs) and their ratio."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -59,9 +104,16 @@ def main() -> None:
             asyncio.run(_measure(url, args.tokens, args.concurrency, 100 * r))
             for r in range(args.runs)
         )
+        prefill_4k = statistics.median(_long_prompt(eng.url, 4096, r) for r in range(args.runs))
+    with EmbeddedEngine(EngineConfig(scripted=_script)) as eng:
+        convo = [_scripted_conversation(eng.url, 10, r) for r in range(args.runs)]
+        convo_s = statistics.median(t for t, _ in convo)
+        convo_len = convo[0][1]
     print(f"single-stream decode: {single:8.1f} tok/s   (target >= 300)")
     print(f"aggregate @ {args.concurrency:<2d}       : {agg:8.1f} tok/s")
     print(f"ratio                : {agg / single:8.2f}x       (target >= 2x)")
+    print(f"4,096-token prefill  : {prefill_4k:8.2f} s")
+    print(f"10-turn scripted chat: {convo_s:8.2f} s      (last prompt {convo_len} tokens)")
 
 
 if __name__ == "__main__":

@@ -49,13 +49,53 @@ def test_latency(faulty: EmbeddedEngine) -> None:
     assert time.monotonic() - t0 >= 0.3
 
 
-def test_truncated_stream(faulty: EmbeddedEngine) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {**BODY, "stream": True}),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 6, "ignore_eos": True, "stream": True}),
+    ],
+)
+def test_truncated_stream_drops_the_connection(
+    faulty: EmbeddedEngine, path: str, body: dict[str, object]
+) -> None:
     _set(faulty, truncate_stream_rate=1.0)
-    with httpx.stream(
-        "POST", faulty.base_url + "/chat/completions", json={**BODY, "stream": True}, timeout=10
-    ) as r:
-        lines = [line for line in r.iter_lines() if line]
-    assert lines and "data: [DONE]" not in lines
+    lines: list[str] = []
+    # A real truncation: the chunked body never completes, as when a server dies mid-stream.
+    with (
+        pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"),
+        httpx.stream("POST", faulty.url + path, json=body, timeout=10) as r,
+    ):
+        assert r.status_code == 200
+        lines.extend(line for line in r.iter_lines() if line)
+    assert lines and all(line.startswith("data: {") for line in lines)
+    assert "data: [DONE]" not in lines
+    _set(faulty)
+    # The server is fine afterwards.
+    assert httpx.post(faulty.url + path, json={**body, "stream": False}, timeout=10).is_success
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "return_token_ids": True}),
+        ("/inference/v1/generate", {"token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 3}}),
+    ],
+)
+def test_faults_on_token_routes(faulty: EmbeddedEngine, path: str, body: dict[str, object]) -> None:
+    _set(faulty, error_rate=1.0)
+    r = httpx.post(faulty.url + path, json=body, timeout=10)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+    _set(faulty, throttle_rate=1.0)
+    r = httpx.post(faulty.url + path, json=body, timeout=10)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    _set(faulty, drop_token_ids_rate=1.0)
+    d = httpx.post(faulty.url + path, json=body, timeout=10).json()
+    [ch] = d["choices"]
+    assert "token_ids" not in ch and "prompt_token_ids" not in ch
+    _set(faulty)
+    d = httpx.post(faulty.url + path, json=body, timeout=10).json()
+    assert len(d["choices"][0]["token_ids"]) >= 1
 
 
 def test_dropped_token_ids(faulty: EmbeddedEngine) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,24 @@ def test_module_callable_and_errors(tmp_path: Path) -> None:
 def test_messages_from_prompt() -> None:
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     assert messages_from_prompt(render_chat(msgs)) == msgs
+
+
+def test_reply_keeps_backslashes_other_than_group_refs() -> None:
+    # JSON in a tool call: "\n" inside a string must stay backslash + n, or the JSON breaks.
+    reply = (
+        '<tool_call>\n{"name": "write", "arguments": {"path": "\\1", "text": "a\\nb \\"q\\" \\\\ c"}}'
+        "\n</tool_call> \\g<city>!"
+    )
+    s = load_script({"rules": [{"match": r"save to (?P<city>\w+)", "reply": reply}]})
+    out = s.lookup([{"role": "user", "content": "save to Oslo"}])
+    assert out is not None
+    body = out.split("\n")[1]
+    assert json.loads(body)["arguments"] == {"path": "Oslo", "text": 'a\nb "q" \\ c'}
+    assert out.endswith("</tool_call> Oslo!")
+
+
+def test_reply_with_unknown_group_is_refused() -> None:
+    with pytest.raises(ValueError, match="no such group"):
+        load_script({"rules": [{"match": r"x(\d)", "reply": "\\2"}]})
+    with pytest.raises(ValueError, match="no such group"):
+        load_script({"rules": [{"match": r"x", "reply": "\\g<name>"}]})

@@ -244,7 +244,10 @@ def test_openai_client_sync_and_async(engine: EmbeddedEngine) -> None:
         rs = await asyncio.gather(
             *[
                 ac.chat.completions.create(
-                    model="m", messages=MSGS, max_tokens=8, extra_body={"return_token_ids": True}
+                    model="rollwire-tiny",
+                    messages=MSGS,
+                    max_tokens=8,
+                    extra_body={"return_token_ids": True},
                 )
                 for _ in range(4)
             ]  # type: ignore[arg-type]
@@ -622,3 +625,257 @@ def test_concurrent_requests_are_batched(engine: EmbeddedEngine) -> None:
     assert all(len(r.json()["choices"][0]["token_ids"]) == 40 for r in rs)
     # 8 x 39 decode steps if run one by one; batching needs far fewer.
     assert engine.engine.scheduler.steps - before < 8 * 39 * 0.75
+
+
+# ---------------------------------------------------------------- validation and errors
+@pytest.mark.parametrize(
+    ("body", "param", "value"),
+    [
+        ({"tools": 5}, "tools", "5"),
+        ({"logprobs": True, "top_logprobs": "x"}, "top_logprobs", "'x'"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", "21"),
+        ({"n": -1}, "n", "-1"),
+        ({"n": "two"}, "n", "'two'"),
+        ({"max_tokens": -3}, "max_tokens", "-3"),
+        ({"temperature": "hot"}, "temperature", "'hot'"),
+        ({"top_p": 0}, "top_p", "0"),
+        ({"stop": 7}, "stop", "7"),
+        ({"stop_token_ids": ["a"]}, "stop_token_ids", "['a']"),
+        ({"logprobs": "maybe"}, "logprobs", "'maybe'"),
+        ({"prompt_logprobs": -2}, "prompt_logprobs", "-2"),
+        ({"messages": [5]}, "messages[0]", "5"),
+        ({"tool_choice": 3}, "tool_choice", "3"),
+        ({"model": 3}, "model", "3"),
+        ({"chat_template_kwargs": []}, "chat_template_kwargs", "[]"),
+    ],
+)
+def test_chat_bad_fields_are_openai_400s(
+    engine: EmbeddedEngine, body: dict[str, Any], param: str, value: str
+) -> None:
+    r = _post(engine, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and err["code"] == 400 and err["param"] == param
+    assert f"'{param}'" in err["message"] and value in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "x", "logprobs": "x"}, "logprobs"),
+        ("/v1/completions", {"prompt": {"a": 1}}, "prompt"),
+        ("/inference/v1/generate", {"token_ids": [1], "sampling_params": []}, "sampling_params"),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [1], "sampling_params": {"max_tokens": "x"}},
+            "sampling_params.max_tokens",
+        ),
+        ("/generate", {"text": "x", "sampling_params": {"top_k": "x"}}, "sampling_params.top_k"),
+        (
+            "/generate",
+            {"text": "x", "top_logprobs_num": -1, "return_logprob": 1},
+            "top_logprobs_num",
+        ),
+    ],
+)
+def test_token_routes_bad_fields_are_400s(
+    engine: EmbeddedEngine, path: str, body: dict[str, Any], param: str
+) -> None:
+    r = _post(engine, path, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_unexpected_errors_are_openai_500s(
+    engine: EmbeddedEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom(*a: Any, **k: Any) -> Any:
+        raise ValueError("kaboom")
+
+    # In a handler: a 500 with the exception text, logged.
+    monkeypatch.setattr(engine.engine.tokenizer, "token_text", boom)
+    r = _post(engine, "/tokenize", {"prompt": "hi", "return_token_strs": True})
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["type"] == "InternalServerError" and "ValueError: kaboom" in err["message"]
+    monkeypatch.undo()
+    # In the worker: a ValueError there is a bug (500), never a 400; the worker logs it.
+    monkeypatch.setattr(engine.engine.model, "forward", boom)
+    with caplog.at_level("ERROR", logger="rollwire.engine.scheduler"):
+        r = _post(engine, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
+    assert r.status_code == 500 and "kaboom" in r.json()["error"]["message"]
+    assert any(rec.exc_info and "kaboom" in str(rec.exc_info[1]) for rec in caplog.records)
+    monkeypatch.undo()
+    assert _post(engine, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2}).is_success
+
+
+# ---------------------------------------------------------------- tool_choice
+def test_tool_choice_required_and_named(engine: EmbeddedEngine) -> None:
+    url = "/v1/chat/completions"
+    weather = [{"role": "user", "content": "weather in Rome?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    # A scripted tool call satisfies required and the matching named function.
+    for choice in ("required", named):
+        d = _post(engine, url, {"messages": weather, "tools": TOOLS, "tool_choice": choice})
+        assert d.status_code == 200, d.text
+        [call] = d.json()["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+    # Without a script (or with a text reply) the engine cannot enforce it: a 400 that says so.
+    for msgs in (MSGS, [{"role": "user", "content": "FORCE-TEXT"}]):
+        r = _post(engine, url, {"messages": msgs, "tools": TOOLS, "tool_choice": "required"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    r = _post(engine, url, {"messages": MSGS, "tools": TOOLS, "tool_choice": "required"})
+    assert "scripted mode" in r.json()["error"]["message"]
+    # A named function that is not in tools is a 400, like vLLM.
+    other = {"type": "function", "function": {"name": "nope"}}
+    r = _post(engine, url, {"messages": weather, "tools": TOOLS, "tool_choice": other})
+    assert r.status_code == 400 and "'nope'" in r.json()["error"]["message"]
+    r = _post(engine, url, {"messages": weather, "tool_choice": "required"})
+    assert r.status_code == 400
+
+
+# ---------------------------------------------------------------- served model names
+def test_any_model_name_when_not_strict() -> None:
+    with EmbeddedEngine(EngineConfig(strict_model_name=False)) as eng:
+        d = _post(
+            eng, "/v1/chat/completions", {"model": "gpt-x", "messages": MSGS, "max_tokens": 1}
+        )
+        assert d.status_code == 200 and d.json()["model"] == "gpt-x"
+
+
+def test_strict_model_name_is_vllm_404() -> None:
+    cfg = EngineConfig(served_model_names=["policy", "policy-v2"], strict_model_name=True)
+    with EmbeddedEngine(cfg) as eng:
+        cards = httpx.get(eng.url + "/v1/models").json()["data"]
+        assert [c["id"] for c in cards] == ["policy", "policy-v2"]
+        for path, body in (
+            ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 1}),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+        ):
+            r = _post(eng, path, {**body, "model": "gpt-x"})
+            assert r.status_code == 404
+            assert r.json()["error"] == {
+                "message": "The model `gpt-x` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+            ok = _post(eng, path, {**body, "model": "policy-v2"})
+            assert ok.status_code == 200 and ok.json()["model"] == "policy-v2"
+            assert _post(eng, path, body).json()["model"] == "policy"
+
+
+# ---------------------------------------------------------------- route coverage
+def test_models_card_fields(engine: EmbeddedEngine) -> None:
+    [card] = httpx.get(engine.url + "/v1/models").json()["data"]
+    assert card["id"] == card["root"] == "rollwire-tiny" and card["object"] == "model"
+    assert card["owned_by"] == "rollwire" and card["parent"] is None
+    assert card["max_model_len"] == engine.model.config.max_model_len
+    assert isinstance(card["created"], int) and card["permission"] == []
+
+
+def test_sglang_pause_continue_and_abort(engine: EmbeddedEngine) -> None:
+    r = _post(engine, "/pause_generation", {"mode": "keep"})
+    assert r.json() == {"status": "paused", "mode": "keep"}
+    assert httpx.get(engine.url + "/is_paused").json() == {"is_paused": True}
+    assert _post(engine, "/continue_generation", {}).json() == {"status": "resumed"}
+    assert httpx.get(engine.url + "/is_paused").json() == {"is_paused": False}
+    assert _post(engine, "/pause_generation", {"mode": "bogus"}).status_code == 400
+
+    async def go() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            body = {
+                "rid": "sg-long",
+                "input_ids": [5, 6, 7],
+                "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True},
+            }
+            task = asyncio.create_task(c.post(engine.url + "/generate", json=body))
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                r = await c.post(engine.url + "/abort_request", json={"rid": "sg-long"})
+                if r.json()["aborted"]:
+                    break
+            return (await task).json()
+
+    d = asyncio.run(go())
+    assert d["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(d["output_ids"]) < 4000
+    assert _post(engine, "/abort_request", {"rid": "nope"}).json() == {"aborted": 0}
+
+
+def test_chat_prompt_logprobs(engine: EmbeddedEngine) -> None:
+    d = _post(
+        engine,
+        "/v1/chat/completions",
+        {"messages": MSGS, "max_tokens": 1, "prompt_logprobs": 2, "return_token_ids": True},
+    ).json()
+    pl = d["prompt_logprobs"]
+    ids = d["prompt_token_ids"]
+    assert pl[0] is None and len(pl) == len(ids)
+    for tid, entry in zip(ids[1:], pl[1:]):
+        assert str(tid) in entry and entry[str(tid)]["logprob"] <= 0
+        assert {v["rank"] for v in entry.values()} >= {1, 2}
+
+
+def test_stream_final_chunk_has_stop_reason_and_weight_versions(engine: EmbeddedEngine) -> None:
+    chunks, done = _stream(
+        engine,
+        "/v1/chat/completions",
+        {"messages": MSGS, "max_tokens": 3, "ignore_eos": True, "return_weight_versions": True},
+    )
+    assert done
+    [last] = [ch for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert last["finish_reason"] == "length" and last["stop_reason"] is None
+    assert last["weight_versions"] == [{"version": "0", "start": 0, "end": 3}]
+
+
+def test_scripted_honours_max_tokens_and_stop_over_http(engine: EmbeddedEngine) -> None:
+    msgs = [{"role": "user", "content": "FORCE-TEXT"}]
+    tok = engine.tokenizer
+    d = _post(
+        engine,
+        "/v1/chat/completions",
+        {"messages": msgs, "max_tokens": 2, "return_token_ids": True},
+    ).json()
+    ch = d["choices"][0]
+    assert (
+        ch["finish_reason"] == "length" and ch["token_ids"] == tok.encode("Forced answer: 42.")[:2]
+    )
+    d = _post(engine, "/v1/chat/completions", {"messages": msgs, "stop": [":"]}).json()
+    ch = d["choices"][0]
+    assert ch["finish_reason"] == "stop" and ch["stop_reason"] == ":"
+    assert ch["message"]["content"] == "Forced answer"
+
+
+def test_scripted_multi_turn_reuses_prefix_with_real_logprobs(engine: EmbeddedEngine) -> None:
+    pc = engine.engine.scheduler.prefix_cache
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a weather bot. " * 20},
+        {"role": "user", "content": "weather in Paris?"},
+    ]
+    for turn in range(3):
+        hits = pc.hit_tokens
+        d = _post(
+            engine,
+            "/v1/chat/completions",
+            {"messages": msgs, "tools": TOOLS, "logprobs": True, "return_token_ids": True},
+        ).json()
+        ch = d["choices"][0]
+        prompt = d["prompt_token_ids"]
+        if turn:
+            # Everything before this turn's new user message came from the prefix cache.
+            assert pc.hit_tokens - hits > len(prompt) // 2
+        full = _post(
+            engine,
+            "/v1/completions",
+            {"prompt": prompt + ch["token_ids"], "max_tokens": 1, "prompt_logprobs": 0},
+        ).json()
+        pl = full["choices"][0]["prompt_logprobs"]
+        forced = [pl[len(prompt) + i][str(t)]["logprob"] for i, t in enumerate(ch["token_ids"])]
+        np.testing.assert_allclose(
+            forced, [e["logprob"] for e in ch["logprobs"]["content"]], atol=1e-4
+        )
+        calls = ch["message"]["tool_calls"]
+        msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
+        msgs.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny"})
+        msgs.append({"role": "user", "content": f"and the weather in City{turn}?"})

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import rollwire.engine
 from rollwire.engine import EngineTokenizer, render_chat, tokenizer_dir
-from rollwire.engine.tokenizer import _train
+from rollwire.engine.tokenizer import _train, build_tokenizer
 
 from .conftest import TOOLS
 
@@ -54,6 +56,37 @@ CONVERSATIONS: list[tuple[list[dict[str, Any]], Any, dict[str, Any]]] = [
 
 def test_build_is_deterministic() -> None:
     assert _train().to_str() == _train().to_str()
+
+
+def test_shipped_folder_equals_a_fresh_build(tmp_path: Path) -> None:
+    # The shipped folder is what `rollwire engine build-tokenizer` writes with the pinned
+    # tokenizers version: same vocabulary, merges, added tokens and config files.
+    shipped = tokenizer_dir()
+    assert shipped.parent == Path(rollwire.engine.__file__).parent  # in the package, not in ~
+    fresh = build_tokenizer(tmp_path / "tok")
+    a = json.loads((shipped / "tokenizer.json").read_text())
+    b = json.loads((fresh / "tokenizer.json").read_text())
+    assert a["model"]["vocab"] == b["model"]["vocab"]
+    assert a["model"]["merges"] == b["model"]["merges"]
+    assert a == b
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        assert (shipped / name).read_text() == (fresh / name).read_text(), name
+
+
+def test_all_special_ids_match_autotokenizer() -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+    tok = EngineTokenizer()
+    assert sorted(tok.all_special_ids) == sorted(hf.all_special_ids) == sorted(tok.special_ids)
+    markup = tok.encode("<tool_call></tool_call><think></think><tool_response></tool_response>")
+    assert len(markup) == 6 and not set(markup) & set(tok.all_special_ids)
+    # Markup tokens survive skip_special_tokens in both tokenizers; control tokens do not.
+    ids = tok.encode("<|im_start|>assistant\n<tool_call>x</tool_call><|im_end|>")
+    assert (
+        tok.decode(ids, skip_special_tokens=True)
+        == hf.decode(ids, skip_special_tokens=True)
+        == "assistant\n<tool_call>x</tool_call>"
+    )
 
 
 def test_special_tokens() -> None:

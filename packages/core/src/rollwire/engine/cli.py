@@ -31,6 +31,8 @@ def _serve(
     fault_drop_token_ids_rate: float,
     fault_seed: int,
     log_level: str,
+    served_model_name: list[str] | None = None,
+    strict_model_name: bool = True,
 ) -> None:
     import uvicorn
 
@@ -46,6 +48,8 @@ def _serve(
         return_routed_experts=return_routed_experts,
         scripted=scripted,
         weight_version=weight_version,
+        served_model_names=served_model_name or ["rollwire-tiny"],
+        strict_model_name=strict_model_name,
         faults=FaultConfig(
             error_rate=fault_error_rate,
             throttle_rate=fault_throttle_rate,
@@ -88,6 +92,17 @@ _DROP = typer.Option(
 )
 _FSEED = typer.Option(0, help="Seed of the fault draws.")
 _LOG = typer.Option("warning", help="uvicorn log level.")
+_NAMES = typer.Option(
+    None,
+    "--served-model-name",
+    help="Model name served by /v1/models (repeatable; default rollwire-tiny).",
+)
+_STRICT = typer.Option(
+    True,
+    "--strict-model-name/--any-model-name",
+    help="Answer vLLM's 404 to requests naming another model, as vLLM does (the gateway sends "
+    "the served name); --any-model-name accepts and echoes any name.",
+)
 
 
 @engine_app.callback(invoke_without_command=True)
@@ -108,6 +123,8 @@ def main(
     fault_drop_token_ids_rate: float = _DROP,
     fault_seed: int = _FSEED,
     log_level: str = _LOG,
+    served_model_name: list[str] | None = _NAMES,
+    strict_model_name: bool = _STRICT,
 ) -> None:
     """Serve the engine (same as `rollwire engine serve`) when no subcommand is given."""
     if ctx.invoked_subcommand is None:
@@ -131,6 +148,8 @@ def serve(
     fault_drop_token_ids_rate: float = _DROP,
     fault_seed: int = _FSEED,
     log_level: str = _LOG,
+    served_model_name: list[str] | None = _NAMES,
+    strict_model_name: bool = _STRICT,
 ) -> None:
     """Serve the engine's HTTP APIs (vLLM OpenAI routes, /inference/v1/generate, SGLang /generate)."""
     _serve(**locals())
@@ -148,3 +167,15 @@ def save_model(
 
     out = TinyModel(ModelConfig(seed=seed)).save(directory)
     typer.echo(f"wrote {out}/config.json, weights.npz and tokenizer/")
+
+
+@engine_app.command("build-tokenizer")
+def build_tokenizer_cmd(
+    directory: Path = typer.Argument(..., help="Folder to write the Hugging Face tokenizer into."),
+) -> None:
+    """Retrain the engine's tokenizer from the shipped corpus into DIRECTORY (how the shipped
+    tokenizer folder was made)."""
+    from .tokenizer import build_tokenizer
+
+    out = build_tokenizer(directory)
+    typer.echo(f"wrote {out}/tokenizer.json, tokenizer_config.json and special_tokens_map.json")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -56,7 +56,11 @@ class EngineConfig:
     model_dir: str | Path | None = None
     seed: int = 0
     model: ModelConfig | None = None
-    model_name: str = "rollwire-tiny"
+    #: Names ``/v1/models`` lists (vLLM's ``--served-model-name``); the first is the default.
+    served_model_names: Sequence[str] = ("rollwire-tiny",)
+    #: When True (vLLM's behaviour), a request naming another model gets a 404; the gateway sends
+    #: the served name it discovers from ``/v1/models``. False accepts and echoes any name.
+    strict_model_name: bool = True
     logprobs_mode: Literal["raw", "processed"] = "raw"
     return_routed_experts: bool = False
     scripted: str | Path | Mapping[str, Any] | ScriptFn | None = None
@@ -67,9 +71,28 @@ class EngineConfig:
     default_max_tokens: int = 512
     max_batch_size: int = 64
     max_top_logprobs: int = 20
+    #: Prompt tokens per prefill chunk; decode steps of other requests run between chunks.
+    prefill_chunk_tokens: int = 256
+    #: Token budget of the prefix KV cache (about 4 KiB per token for the default model); 0 disables.
+    prefix_cache_tokens: int = 32768
 
     def __post_init__(self) -> None:
+        names = (
+            (self.served_model_names,)
+            if isinstance(self.served_model_names, str)
+            else tuple(str(n) for n in self.served_model_names)
+        )
+        if not names or not all(names):
+            raise ValueError(
+                f"served_model_names needs at least one non-empty name, got {self.served_model_names!r}"
+            )
+        object.__setattr__(self, "served_model_names", names)
         if self.logprobs_mode not in ("raw", "processed"):
             raise ValueError(
                 f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}"
             )
+
+    @property
+    def model_name(self) -> str:
+        """The default served name (the first of ``served_model_names``)."""
+        return self.served_model_names[0]

@@ -20,6 +20,8 @@ from .tokenizer import EngineTokenizer
 __all__ = ["KVCache", "ModelConfig", "TinyModel"]
 
 _F32 = np.float32
+#: Query rows per attention block in prefill; bounds the score matrix to ``heads x 256 x S``.
+_QUERY_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class TinyModel:
         self._sin = np.zeros((0, half), _F32)
         self._rope_table(256)
         self._scale = _F32(cfg.head_dim**-0.5)
+        self._masks: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder: str | Path) -> Path:
@@ -212,24 +215,42 @@ class TinyModel:
     def _attend(
         self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache
     ) -> np.ndarray:
-        """Causal attention of ``T`` new tokens (``[T, H, hd]``) against ``cache``; returns ``[T, d]``."""
+        """Causal attention of ``T`` new tokens (``[T, H, hd]``) against ``cache``; returns ``[T, d]``.
+
+        Queries run in blocks of ``_QUERY_BLOCK``: each block sees only the keys up to its last
+        position, so memory is ``H x block x S`` floats instead of ``H x T x S`` and the masked
+        upper triangle is never computed.
+        """
         T = q.shape[0]
         start = cache.length
         end = start + T
         cache.k[layer, :, start:end] = k.transpose(1, 0, 2)
         cache.v[layer, :, start:end] = v.transpose(1, 0, 2)
-        keys = cache.k[layer, :, :end]  # [H, S, hd]
-        vals = cache.v[layer, :, :end]
-        scores = np.matmul(q.transpose(1, 0, 2), keys.transpose(0, 2, 1)) * self._scale  # [H, T, S]
-        if T > 1:
-            # Query i sits at position start+i and may see keys 0..start+i.
-            mask = np.arange(end)[None, :] > (start + np.arange(T))[:, None]
-            scores = np.where(mask[None], _F32(-np.inf), scores)
-        scores = scores - scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)
-        out = np.matmul(p, vals)  # [H, T, hd]
-        return out.transpose(1, 0, 2).reshape(T, -1)
+        qh = q.transpose(1, 0, 2) * self._scale  # [H, T, hd]
+        out = np.empty((T, q.shape[1], q.shape[2]), _F32)
+        for a in range(0, T, _QUERY_BLOCK):
+            b = min(a + _QUERY_BLOCK, T)
+            stop = start + b  # keys 0..stop-1 are visible to some query of this block
+            keys = cache.k[layer, :, :stop]  # [H, S, hd]
+            vals = cache.v[layer, :, :stop]
+            s = np.matmul(qh[:, a:b], keys.transpose(0, 2, 1))  # [H, B, S]
+            if b - a > 1:
+                # Query i (position start+a+i) sees keys up to start+a+i: mask the diagonal block.
+                diag = s[:, :, start + a :]
+                diag[:, self._causal_mask(b - a)] = -np.inf
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            o = np.matmul(s, vals)  # [H, B, hd]
+            o /= s.sum(axis=-1, keepdims=True)
+            out[a:b] = o.transpose(1, 0, 2)
+        return out.reshape(T, -1)
+
+    def _causal_mask(self, n: int) -> np.ndarray:
+        m = self._masks.get(n)
+        if m is None:
+            m = np.triu(np.ones((n, n), dtype=bool), k=1)
+            self._masks[n] = m
+        return m
 
     def _moe(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-k mixture of experts over rows of ``x``; returns the output and the chosen experts."""
@@ -257,10 +278,14 @@ class TinyModel:
                 np.add.at(out, rows, gates[rows, slots][:, None] * y)
         return out, top
 
-    def forward(self, token_ids: Sequence[int], cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
-        """Run ``token_ids`` after what ``cache`` holds; returns logits ``[T, V]`` and experts ``[T, L, k]``.
+    def forward(
+        self, token_ids: Sequence[int], cache: KVCache, *, logits_from: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Run ``token_ids`` after what ``cache`` holds; returns logits ``[T - logits_from, V]``
+        (rows ``logits_from..T-1``) and experts ``[T, L, k]``.
 
-        The cache is extended in place.
+        The cache is extended in place. Skipping logits rows nobody reads saves the ``[T, V]``
+        output projection on long prompts.
         """
         cfg = self.config
         ids = np.asarray(token_ids, dtype=np.int64)
@@ -293,6 +318,7 @@ class TinyModel:
             experts[:, layer] = top
             x = x + y
         cache.length += T
+        x = x[max(0, min(logits_from, T)) :]
         logits = _rmsnorm(x, self.w.final_norm, cfg.norm_eps) @ self.w.lm_head
         return logits.astype(_F32, copy=False), experts
 

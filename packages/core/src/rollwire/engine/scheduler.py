@@ -1,4 +1,5 @@
-"""Continuous batching: one worker thread prefills new requests and steps all active ones together.
+"""Continuous batching: one worker thread prefills new requests chunk by chunk, interleaved with
+decode steps that advance all active ones together.
 
 The HTTP server never runs model code on its event loop; it submits a :class:`GenerationRequest`
 and receives events through a thread-safe callback.
@@ -6,23 +7,28 @@ and receives events through a thread-safe callback.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from ._blas import limit_blas_threads
+from ._blas import acquire_single_thread_blas, release_single_thread_blas
 from .model import KVCache, TinyModel
+from .prefix_cache import PrefixCache
 from .sampling import LogprobsMode, SamplingParams, choose_token, token_logprobs
 
 __all__ = ["Completion", "GenerationRequest", "Scheduler", "TokenEvent"]
 
 FinishReason = Literal["stop", "length", "abort"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,6 +65,8 @@ class Completion:
     #: Per prompt position: None for the first, else ``(token_id, logprob, rank, top)``.
     prompt_logprobs: list[tuple[int, float, int, list[tuple[int, float]]] | None] | None = None
     forced: bool = False
+    #: Prompt tokens whose KV came from the prefix cache (SGLang's ``cached_tokens``).
+    cached_tokens: int = 0
 
     def weight_versions(self) -> list[dict[str, Any]]:
         """Runs of equal version as vLLM's ``[{version, start, end}]`` (token index ranges)."""
@@ -99,6 +107,11 @@ class GenerationRequest:
     rng: np.random.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     prompt_lp: list[tuple[int, float, int, list[tuple[int, float]]] | None] | None = None
+    #: Prompt + forced tokens to prefill, how many are in the cache, how many came from reuse.
+    seq: list[int] = field(default_factory=list)
+    fed: int = 0
+    cached_tokens: int = 0
+    forced_end: tuple[FinishReason, str | int | None] = ("stop", None)
 
     def abort(self) -> None:
         """Ask the worker to stop this request at the next step (finish_reason ``abort``)."""
@@ -119,7 +132,8 @@ def _rank(lp: np.ndarray, tid: int) -> int:
 
 
 class Scheduler:
-    """Owns the model's compute: a worker thread with continuous batching of decode steps."""
+    """Owns the model's compute: a worker thread that interleaves chunked prefills with batched
+    decode steps, and reuses cached prompt prefixes."""
 
     def __init__(
         self,
@@ -128,12 +142,18 @@ class Scheduler:
         version: Callable[[], str],
         max_batch_size: int = 64,
         seed: int = 0,
+        prefill_chunk_tokens: int = 256,
+        prefix_cache_tokens: int = 32768,
     ) -> None:
+        if prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self.model = model
         self._version = version
         self._max_batch = max_batch_size
+        self._chunk = prefill_chunk_tokens
         self._queue: queue.Queue[GenerationRequest | None] = queue.Queue()
         self._active: list[GenerationRequest] = []
+        self._prefilling: deque[GenerationRequest] = deque()
         self._by_id: dict[str, GenerationRequest] = {}
         self._lock = threading.Lock()
         self._seeds = np.random.SeedSequence(seed)
@@ -141,26 +161,30 @@ class Scheduler:
         self._running = False
         self._paused = threading.Event()
         self._paused.set()  # set = running; cleared = paused (keep)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        #: Decode steps and prefill chunks run so far (tests check batching and interleaving).
         self.steps = 0
+        self.prefill_chunks = 0
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        """Start the worker thread (idempotent)."""
+        """Start the worker thread (idempotent); BLAS runs single-threaded until the last stop."""
         if self._thread is not None:
             return
-        limit_blas_threads(1)
+        acquire_single_thread_blas()
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="rollwire-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Abort everything and join the worker."""
+        """Abort everything, join the worker and give back the BLAS thread setting."""
         self._running = False
         self._paused.set()
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
+            release_single_thread_blas()
 
     def submit(self, req: GenerationRequest) -> None:
         """Queue a request; results arrive through ``req.emit``."""
@@ -204,8 +228,8 @@ class Scheduler:
         while self._running:
             self._paused.wait()
             try:
-                block = not self._active
-                while len(self._active) < self._max_batch:
+                block = not self._active and not self._prefilling
+                while len(self._active) + len(self._prefilling) < self._max_batch:
                     try:
                         req = self._queue.get(block=block, timeout=0.5 if block else None)
                     except queue.Empty:
@@ -216,17 +240,24 @@ class Scheduler:
                             break
                         continue
                     self._admit(req)
+                # One prefill chunk, then one decode step: a long prompt delays the other
+                # streams by a chunk's worth of compute per token, never by its whole prefill.
+                self._prefill_chunk()
                 self._step()
-            except (
-                Exception
-            ) as exc:  # pragma: no cover - a bug; fail requests rather than hang them
-                for r in self._active:
+            except Exception as exc:  # a bug: fail the requests in flight rather than hang them
+                inflight = [*self._active, *self._prefilling]
+                logger.exception(
+                    "engine worker failed; failing %d request(s) in flight", len(inflight)
+                )
+                for r in inflight:
                     self._fail(r, exc)
                 self._active = []
-        for r in self._active:
+                self._prefilling.clear()
+        for r in [*self._active, *self._prefilling]:
             r.aborted = True
             self._finish(r, "abort", None)
         self._active = []
+        self._prefilling.clear()
         while True:
             try:
                 req = self._queue.get_nowait()
@@ -238,6 +269,7 @@ class Scheduler:
     def _fail(self, req: GenerationRequest, exc: Exception) -> None:
         with self._lock:
             self._by_id.pop(req.request_id, None)
+        req.cache = None
         req.emit(exc)
 
     def _admit(self, req: GenerationRequest) -> None:
@@ -255,55 +287,100 @@ class Scheduler:
                 stops |= {tok.eos_id, tok.pad_id}
             req.stop_ids = frozenset(stops)
             if req.forced_ids is not None:
-                self._run_forced(req)
-                return
-            logits, experts, cache = self.model.prefill(req.prompt_ids)
-            req.cache = cache
-            if req.want_experts:
+                forced, reason, stop_reason = self._cut_forced(req, req.forced_ids)
+                req.forced_ids = forced
+                req.forced_end = (reason, stop_reason)
+            req.seq = req.prompt_ids + (req.forced_ids or [])
+            # Prompt log-probs need logits at every prompt position: compute them all.
+            limit = len(req.prompt_ids) - 1 if p.prompt_logprobs is None else 0
+            req.cache, experts = self.prefix_cache.restore(self.model, req.seq, limit)
+            req.fed = req.cached_tokens = req.cache.length
+            if experts is not None:
                 req.experts.append(experts)
             if p.prompt_logprobs is not None:
-                req.prompt_lp = self._prompt_logprobs(req, logits)
-            if p.max_tokens == 0:
-                self._finish(req, "length", None)
-                return
-            if not self._accept(req, logits[-1]):
-                self._active.append(req)
+                req.prompt_lp = [None]
+            self._prefilling.append(req)
         except Exception as exc:
+            logger.exception("engine: admitting request %s failed", req.request_id)
             self._fail(req, exc)
 
-    def _prompt_logprobs(
-        self, req: GenerationRequest, logits: np.ndarray
-    ) -> list[tuple[int, float, int, list[tuple[int, float]]] | None]:
+    def _cut_forced(
+        self, req: GenerationRequest, forced: list[int]
+    ) -> tuple[list[int], FinishReason, str | int | None]:
+        """Where a scripted reply ends under the request's ``max_tokens`` and stop settings."""
         p = req.params
-        k = p.prompt_logprobs or 0
-        out: list[tuple[int, float, int, list[tuple[int, float]]] | None] = [None]
-        if len(req.prompt_ids) > 1:
-            lps = token_logprobs(logits[:-1], req.logprobs_mode, p.temperature)
-            for i, tid in enumerate(req.prompt_ids[1:]):
-                row = lps[i]
-                out.append((tid, float(row[tid]), _rank(row, tid), _top(row, k)))
-        return out
-
-    def _run_forced(self, req: GenerationRequest) -> None:
-        """Teacher-force ``forced_ids``: one prefill over prompt + forced tokens gives their real
-        log-probs and routed experts."""
-        forced = list(req.forced_ids or [])
-        p = req.params
-        full = req.prompt_ids + forced
-        logits, experts, _ = self.model.prefill(full)
-        P = len(req.prompt_ids)
-        if p.prompt_logprobs is not None:
-            req.prompt_lp = self._prompt_logprobs(req, logits[:P])
-        lps = token_logprobs(logits[P - 1 : P - 1 + len(forced)], req.logprobs_mode, p.temperature)
-        version = self._version()
-        for i, tid in enumerate(forced):
-            row = lps[i]
-            self._record(req, tid, row, version)
-        if req.want_experts:
-            req.experts.append(experts[: P + len(forced) - 1])
+        if p.max_tokens <= 0:
+            return [], "length", None
+        for n, tid in enumerate(forced, start=1):
+            if tid in req.stop_ids:
+                return forced[:n], "stop", tid if tid in p.stop_token_ids else None
+            if p.stop:
+                text = self.model.tokenizer.decode(
+                    forced[:n], skip_special_tokens=p.skip_special_tokens
+                )
+                for s in p.stop:
+                    if s and s in text:
+                        return forced[:n], "stop", s
+            if n >= p.max_tokens and n < len(forced):
+                return forced[:n], "length", None
         last = forced[-1] if forced else None
-        stop_reason = last if last is not None and last in p.stop_token_ids else None
-        self._finish(req, "stop", stop_reason, counted_last=True)
+        return forced, "stop", last if last is not None and last in p.stop_token_ids else None
+
+    def _prefill_chunk(self) -> None:
+        """Feed the next chunk of the oldest prefilling request (round-robin between prompts)."""
+        if not self._prefilling:
+            return
+        req = self._prefilling.popleft()
+        if req.aborted:
+            self._finish(req, "abort", None)
+            return
+        try:
+            self._feed(req)
+        except Exception as exc:  # a bug: fail this request, keep serving the others
+            logger.exception("engine: prefill of request %s failed", req.request_id)
+            self._fail(req, exc)
+
+    def _feed(self, req: GenerationRequest) -> None:
+        assert req.cache is not None
+        p = req.params
+        P = len(req.prompt_ids)
+        forced = req.forced_ids
+        a = req.fed
+        b = min(a + self._chunk, len(req.seq))
+        # Rows before the last prompt token are only read for prompt log-probs.
+        skip = 0 if req.prompt_lp is not None else min(max(P - 1 - a, 0), b - a)
+        logits, experts = self.model.forward(req.seq[a:b], req.cache, logits_from=skip)
+        self.prefill_chunks += 1
+        req.experts.append(experts)
+        req.fed = b
+        base = a + skip  # position of logits row 0; row i predicts the token at base + i + 1
+        if req.prompt_lp is not None and min(b, P - 1) > base:
+            end = min(b, P - 1)
+            lps = token_logprobs(logits[: end - base], req.logprobs_mode, p.temperature)
+            k = p.prompt_logprobs or 0
+            for i in range(end - base):
+                tid = req.prompt_ids[base + i + 1]
+                row = lps[i]
+                req.prompt_lp.append((tid, float(row[tid]), _rank(row, tid), _top(row, k)))
+        if forced:
+            f0, f1 = max(base, P - 1), min(b, P - 1 + len(forced))
+            if f1 > f0:
+                lps = token_logprobs(
+                    logits[f0 - base : f1 - base], req.logprobs_mode, p.temperature
+                )
+                version = self._version()
+                for i in range(f1 - f0):
+                    self._record(req, forced[f0 - P + 1 + i], lps[i], version)
+        if b < len(req.seq):
+            self._prefilling.append(req)
+            return
+        if forced is not None:
+            reason, stop_reason = req.forced_end
+            self._finish(req, reason, stop_reason)
+        elif p.max_tokens == 0:
+            self._finish(req, "length", None)
+        elif not self._accept(req, logits[-1]):
+            self._active.append(req)
 
     def _record(self, req: GenerationRequest, tid: int, lp: np.ndarray, version: str) -> None:
         p = req.params
@@ -372,8 +449,7 @@ class Scheduler:
         self.steps += 1
         still: list[GenerationRequest] = []
         for i, r in enumerate(live):
-            if r.want_experts:
-                r.experts.append(experts[i : i + 1])
+            r.experts.append(experts[i : i + 1])
             if not self._accept(r, logits[i]):
                 still.append(r)
         self._active = still
@@ -383,7 +459,6 @@ class Scheduler:
         req: GenerationRequest,
         reason: FinishReason,
         stop_reason: str | int | None,
-        counted_last: bool = False,
     ) -> None:
         with self._lock:
             self._by_id.pop(req.request_id, None)
@@ -402,11 +477,14 @@ class Scheduler:
         text = tok.decode(text_ids, skip_special_tokens=p.skip_special_tokens)
         if isinstance(stop_reason, str) and not p.include_stop_str_in_output:
             text = text[: text.find(stop_reason)]
+        all_experts = np.concatenate(req.experts).astype(np.int32) if req.experts else None
         experts = None
-        if req.want_experts and req.experts:
-            experts = np.concatenate(req.experts).astype(np.int32)
+        if req.want_experts and all_experts is not None:
             # Every token fed through the model has experts; the last output token never was.
-            experts = experts[: max(len(req.prompt_ids) + len(ids) - 1, 0)]
+            experts = all_experts[: max(len(req.prompt_ids) + len(ids) - 1, 0)]
+        if req.cache is not None and all_experts is not None:
+            fed = req.seq if req.forced_ids is not None else req.prompt_ids + ids
+            self.prefix_cache.insert(fed, req.cache, all_experts)
         completion = Completion(
             request_id=req.request_id,
             prompt_ids=req.prompt_ids,
@@ -421,8 +499,10 @@ class Scheduler:
             token_versions=list(req.versions),
             prompt_logprobs=req.prompt_lp,
             forced=req.forced_ids is not None,
+            cached_tokens=req.cached_tokens,
         )
         req.cache = None
+        req.experts = []
         req.emit(completion)
 
 

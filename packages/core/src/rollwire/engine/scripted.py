@@ -67,7 +67,10 @@ class Script:
                 raise ValueError(
                     f"script rule #{i} needs 'match' and 'reply' keys, got {sorted(rule)}"
                 )
-            self._rules.append((re.compile(rule["match"], re.DOTALL), str(rule["reply"])))
+            pattern = re.compile(rule["match"], re.DOTALL)
+            reply = str(rule["reply"])
+            _check_group_refs(pattern, reply, i)
+            self._rules.append((pattern, reply))
         default = spec.get("default")
         self._default = None if default is None else str(default)
 
@@ -95,8 +98,38 @@ class Script:
         for pattern, reply in self._rules:
             match = pattern.search(last)
             if match:
-                return match.expand(reply)
+                return expand_groups(match, reply)
         return self._default
+
+
+# ``\1``..``\99`` and ``\g<name>``/``\g<3>``; every other backslash is literal text.
+_GROUP_REF = re.compile(r"\\(?:(\d{1,2})|g<(\w+)>)")
+
+
+def _group_key(num: str | None, name: str | None) -> int | str:
+    ref = num if num is not None else name
+    assert ref is not None
+    return int(ref) if ref.isdigit() else ref
+
+
+def expand_groups(match: re.Match[str], reply: str) -> str:
+    """Substitute ``\\1`` and ``\\g<name>`` in ``reply`` with the match's groups.
+
+    Unlike ``Match.expand`` no other escape is interpreted, so a ``\\n`` inside a JSON string of a
+    scripted tool call stays the two characters JSON needs (an unmatched group gives "").
+    """
+    return _GROUP_REF.sub(lambda m: match.group(_group_key(*m.groups())) or "", reply)
+
+
+def _check_group_refs(pattern: re.Pattern[str], reply: str, index: int) -> None:
+    for ref in _GROUP_REF.finditer(reply):
+        key = _group_key(*ref.groups())
+        ok = key <= pattern.groups if isinstance(key, int) else key in pattern.groupindex
+        if not ok:
+            raise ValueError(
+                f"script rule #{index}: reply refers to group {ref.group(0)!r}, but "
+                f"{pattern.pattern!r} has no such group"
+            )
 
 
 def load_script(source: str | Path | Mapping[str, Any] | ScriptCallable) -> Script:

@@ -10,6 +10,8 @@ import asyncio
 import base64
 import contextlib
 import io
+import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Send
 
 from ..serving import ServerThread
 from .config import EngineConfig
@@ -35,6 +38,8 @@ from .scripted import Script, load_script, messages_from_prompt
 from .tokenizer import EngineTokenizer
 
 __all__ = ["EmbeddedEngine", "Engine", "create_app", "serve_in_thread"]
+
+logger = logging.getLogger(__name__)
 
 
 class _HTTPError(Exception):
@@ -84,6 +89,30 @@ def _error(
     return _json(body, status, headers)
 
 
+class _CutStream(Exception):
+    """Raised by a stream body to drop the connection mid-body (the truncated-stream fault)."""
+
+
+class _SSEResponse(StreamingResponse):
+    """A streaming response that can end without its final chunk: on :class:`_CutStream` it stops
+    sending, the server closes the connection, and the client sees an incomplete chunked body,
+    as when a real server dies mid-stream."""
+
+    async def stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        try:
+            async for chunk in self.body_iterator:
+                data = (
+                    chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
+                )
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except _CutStream:
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def _sse(data: Any) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
@@ -92,12 +121,6 @@ def _npy_b64(arr: np.ndarray) -> str:
     buf = io.BytesIO()
     np.save(buf, arr.astype(np.int32), allow_pickle=False)
     return base64.b64encode(buf.getvalue()).decode()
-
-
-def _as_list(v: Any) -> list[Any]:
-    if v is None:
-        return []
-    return [v] if isinstance(v, str) else list(v)
 
 
 class Engine:
@@ -119,6 +142,8 @@ class Engine:
             version=lambda: self.weight_version,
             max_batch_size=config.max_batch_size,
             seed=config.seed,
+            prefill_chunk_tokens=config.prefill_chunk_tokens,
+            prefix_cache_tokens=config.prefix_cache_tokens,
         )
         self.script: Script | None = (
             load_script(config.scripted) if config.scripted is not None else None
@@ -131,16 +156,25 @@ class Engine:
         """The id served by ``/v1/models``."""
         return self.config.model_name
 
-    def forced_ids(
+    def forced_text(
         self, messages: list[dict[str, Any]] | None, tools: Any, session_id: str | None
-    ) -> list[int] | None:
-        """Token ids the script forces for this request (ending in ``<|im_end|>``), or None."""
+    ) -> str | None:
+        """The assistant text the script forces for this request, or None."""
         if self.script is None:
             return None
         try:
             text = self.script.lookup(messages, tools, session_id)
         except Exception as exc:
+            logger.exception("engine: the script raised")
             raise _HTTPError(500, f"the script raised {type(exc).__name__}: {exc}") from exc
+        if text is not None and not isinstance(text, str):
+            raise _HTTPError(
+                500, f"the script returned {type(text).__name__}, expected str or None"
+            )
+        return text
+
+    def forced_ids(self, text: str | None) -> list[int] | None:
+        """Token ids of a forced text, ending in ``<|im_end|>`` (None stays None)."""
         if text is None:
             return None
         return [*self.tokenizer.encode(text), self.tokenizer.eos_id]
@@ -228,7 +262,9 @@ class Engine:
             while len(done) < len(reqs):
                 i, ev = await q.get()
                 if isinstance(ev, Exception):
-                    raise _HTTPError(400 if isinstance(ev, ValueError) else 500, str(ev))
+                    # Requests are validated before they reach the worker: anything it raises
+                    # is an engine bug, never the caller's fault.
+                    raise _HTTPError(500, f"engine error: {type(ev).__name__}: {ev}")
                 if isinstance(ev, Completion):
                     done[i] = ev
         finally:
@@ -239,55 +275,257 @@ class Engine:
 
 
 # ---------------------------------------------------------------------- request parsing helpers
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bad(name: str, expected: str, value: Any) -> _HTTPError:
+    return _HTTPError(400, f"'{name}' must be {expected}, got {_show(value)}", param=name)
+
+
+def _int(
+    body: dict[str, Any],
+    key: str,
+    default: int | None,
+    *,
+    lo: int | None = None,
+    hi: int | None = None,
+    where: str = "",
+) -> int | None:
+    """``body[key]`` as an int (ints, integral floats, bools and numeric strings, like pydantic's
+    lax mode); a 400 naming the field otherwise."""
+    value = body.get(key)
+    if value is None:
+        return default
+    name = where + key
+    span = f" in [{lo}, {hi}]" if lo is not None and hi is not None else ""
+    span = span or (f" >= {lo}" if lo is not None else "")
+    out: int | None = None
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        out = int(value)
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            out = int(value.strip())
+    if out is None or (lo is not None and out < lo) or (hi is not None and out > hi):
+        raise _bad(name, "an integer" + span, value)
+    return out
+
+
+def _float(
+    body: dict[str, Any],
+    key: str,
+    default: float,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    where: str = "",
+) -> float:
+    """``body[key]`` as a finite float in range; a 400 naming the field otherwise."""
+    value = body.get(key)
+    if value is None:
+        return default
+    out: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = float(value)
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            out = float(value.strip())
+    low_ok = out is not None and (lo is None or (out > lo if lo_open else out >= lo))
+    if out is None or not math.isfinite(out) or not low_ok or (hi is not None and out > hi):
+        bounds = ""
+        if lo is not None:
+            bounds = f" {'>' if lo_open else '>='} {lo}"
+        if hi is not None:
+            bounds += f"{' and' if bounds else ''} <= {hi}"
+        raise _bad(where + key, "a number" + bounds, value)
+    return out
+
+
+def _bool(body: dict[str, Any], key: str, default: bool, *, where: str = "") -> bool:
+    """``body[key]`` as a bool (also 0/1 and "true"/"false"); a 400 naming the field otherwise."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _bad(where + key, "a boolean", value)
+
+
+def _str_list(body: dict[str, Any], key: str, *, where: str = "") -> list[str]:
+    value = body.get(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise _bad(where + key, "a string or a list of strings", value)
+
+
+def _int_list(body: dict[str, Any], key: str, *, where: str = "") -> list[int]:
+    value = body.get(key)
+    if value is None:
+        return []
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return [int(v) for v in value]
+    raise _bad(where + key, "a list of integers", value)
+
+
 def _params(
-    body: dict[str, Any], engine: Engine, *, sglang: bool = False, n_index: int = 0
+    body: dict[str, Any], engine: Engine, *, sglang: bool = False, n_index: int = 0, where: str = ""
 ) -> SamplingParams:
-    try:
-        if sglang:
-            sp = body.get("sampling_params") or {}
-            max_tokens = sp.get("max_new_tokens", 128)
-            seed = sp.get("sampling_seed", sp.get("seed"))
-            return SamplingParams(
-                max_tokens=int(max_tokens),
-                temperature=float(sp.get("temperature", 1.0)),
-                top_p=float(sp.get("top_p", 1.0)),
-                top_k=int(sp.get("top_k", -1)),
-                min_p=float(sp.get("min_p", 0.0)),
-                stop=_as_list(sp.get("stop")),
-                stop_token_ids=[int(t) for t in sp.get("stop_token_ids") or []],
-                ignore_eos=bool(sp.get("ignore_eos", False)),
-                seed=None if seed is None else int(seed),
-                logprobs=int(body.get("top_logprobs_num", 0) or 0)
-                if body.get("return_logprob")
-                else None,
-                skip_special_tokens=bool(sp.get("skip_special_tokens", True)),
-                include_stop_str_in_output=bool(sp.get("no_stop_trim", False)),
-            )
-        max_tokens = body.get("max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = engine.config.default_max_tokens
-        temperature = body.get("temperature")
-        seed = body.get("seed")
-        if seed is not None and n_index:
-            seed = int(seed) + n_index
-        top_k = body.get("top_k")
+    """Sampling parameters of a request; every field is type- and range-checked (400 naming it)."""
+    w = where
+    if sglang:
+        sp = body.get("sampling_params")
+        sp = {} if sp is None else sp
+        if not isinstance(sp, dict):
+            raise _bad("sampling_params", "an object", sp)
+        w = "sampling_params."
+        seed = _int(sp, "sampling_seed", None, where=w)
+        if seed is None:
+            seed = _int(sp, "seed", None, where=w)
         return SamplingParams(
-            max_tokens=int(max_tokens),
-            temperature=1.0 if temperature is None else float(temperature),
-            top_p=float(body["top_p"]) if body.get("top_p") is not None else 1.0,
-            top_k=-1 if top_k is None else int(top_k),
-            min_p=float(body.get("min_p") or 0.0),
-            stop=_as_list(body.get("stop")),
-            stop_token_ids=[int(t) for t in body.get("stop_token_ids") or []],
-            ignore_eos=bool(body.get("ignore_eos", False)),
-            seed=None if seed is None else int(seed),
-            skip_special_tokens=bool(body.get("skip_special_tokens", True)),
-            include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
+            max_tokens=_int(sp, "max_new_tokens", 128, lo=0, where=w) or 0,
+            temperature=_float(sp, "temperature", 1.0, lo=0.0, where=w),
+            top_p=_float(sp, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True, where=w),
+            top_k=_int(sp, "top_k", -1, lo=-1, where=w) or -1,
+            min_p=_float(sp, "min_p", 0.0, lo=0.0, hi=1.0, where=w),
+            stop=_str_list(sp, "stop", where=w),
+            stop_token_ids=_int_list(sp, "stop_token_ids", where=w),
+            ignore_eos=_bool(sp, "ignore_eos", False, where=w),
+            seed=seed,
+            logprobs=_int(body, "top_logprobs_num", 0, lo=0, hi=engine.config.max_top_logprobs)
+            if _bool(body, "return_logprob", False)
+            else None,
+            skip_special_tokens=_bool(sp, "skip_special_tokens", True, where=w),
+            include_stop_str_in_output=_bool(sp, "no_stop_trim", False, where=w),
         )
-    except (TypeError, ValueError) as exc:
-        raise _HTTPError(400, f"invalid sampling parameters: {exc}") from exc
+    max_tokens = _int(body, "max_completion_tokens", None, lo=0, where=w)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", engine.config.default_max_tokens, lo=0, where=w)
+    seed = _int(body, "seed", None, where=w)
+    if seed is not None and n_index:
+        seed += n_index
+    return SamplingParams(
+        max_tokens=max_tokens or 0,
+        temperature=_float(body, "temperature", 1.0, lo=0.0, where=w),
+        top_p=_float(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True, where=w),
+        top_k=_int(body, "top_k", -1, lo=-1, where=w) or -1,
+        min_p=_float(body, "min_p", 0.0, lo=0.0, hi=1.0, where=w),
+        stop=_str_list(body, "stop", where=w),
+        stop_token_ids=_int_list(body, "stop_token_ids", where=w),
+        ignore_eos=_bool(body, "ignore_eos", False, where=w),
+        seed=seed,
+        skip_special_tokens=_bool(body, "skip_special_tokens", True, where=w),
+        include_stop_str_in_output=_bool(body, "include_stop_str_in_output", False, where=w),
+    )
+
+
+def _n(body: dict[str, Any]) -> int:
+    return _int(body, "n", 1, lo=1, hi=128) or 1
+
+
+def _model_name(engine: Engine, body: dict[str, Any]) -> str:
+    """The name to echo; with ``strict_model_name`` an unknown model is vLLM's 404."""
+    model = body.get("model")
+    if model is None or model == "":
+        return engine.model_name
+    if not isinstance(model, str):
+        raise _bad("model", "a string", model)
+    if engine.config.strict_model_name and model not in engine.config.served_model_names:
+        raise _HTTPError(404, f"The model `{model}` does not exist.", param="model")
+    return model
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad("tools", "a list of tool objects", tools)
+    if not tools:
+        # vLLM refuses an empty tools list; keep the same behaviour so gateway tests see it.
+        raise _HTTPError(
+            400, "'tools' must not be an empty list; omit it when there are no tools", param="tools"
+        )
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"tools[{i}]", '{"type": "function", "function": {"name": ...}}', t)
+    return tools
+
+
+def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> str | tuple[str]:
+    """``"none"``, ``"auto"``, ``"required"`` or ``(name,)`` for a named function (checked
+    against ``tools``, like vLLM)."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice in ("none", "auto", "required"):
+        if choice == "required" and not tools:
+            raise _HTTPError(
+                400, "tool_choice 'required' needs a non-empty 'tools' list", param="tool_choice"
+            )
+        return str(choice)
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise _bad(
+            "tool_choice",
+            '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            choice,
+        )
+    names = [t["function"]["name"] for t in tools or []]
+    if name not in names:
+        raise _HTTPError(
+            400,
+            f"tool_choice names function {name!r}, which is not in 'tools' ({names})",
+            param="tool_choice",
+        )
+    return (name,)
+
+
+def _check_forced_tool_call(choice: str | tuple[str], forced_text: str | None) -> None:
+    """``required``/named tool_choice: the engine cannot constrain sampling, so only a scripted
+    reply that is a tool call (to the named function) satisfies it."""
+    if choice in ("none", "auto"):
+        return
+    what = "'required'" if choice == "required" else f"function {choice[0]!r}"
+    if forced_text is None:
+        raise _HTTPError(
+            400,
+            f"tool_choice {what} cannot be enforced by the embedded engine (it samples freely); "
+            "script the reply with scripted mode (--scripted) or use tool_choice 'auto'",
+            param="tool_choice",
+        )
+    calls = parse_assistant_text(forced_text)[2]
+    if not calls:
+        raise _HTTPError(
+            400,
+            f"tool_choice {what}: the scripted reply is not a tool call: {_show(forced_text)}",
+            param="tool_choice",
+        )
+    if isinstance(choice, tuple):
+        wrong = [c["function"]["name"] for c in calls if c["function"]["name"] != choice[0]]
+        if wrong:
+            raise _HTTPError(
+                400,
+                f"tool_choice {what}: the scripted reply calls {wrong}",
+                param="tool_choice",
+            )
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -322,16 +560,14 @@ async def _apply_faults(engine: Engine) -> FaultDraw:
 
 
 def _top_k_requested(body: dict[str, Any], engine: Engine) -> int | None:
-    if not body.get("logprobs"):
+    k = _int(body, "top_logprobs", 0, lo=0, hi=engine.config.max_top_logprobs) or 0
+    if not _bool(body, "logprobs", False):
         return None
-    k = int(body.get("top_logprobs") or 0)
-    if k < 0 or k > engine.config.max_top_logprobs:
-        raise _HTTPError(
-            400,
-            f"top_logprobs must be in [0, {engine.config.max_top_logprobs}], got {k}",
-            param="top_logprobs",
-        )
     return k
+
+
+def _prompt_logprobs(body: dict[str, Any], engine: Engine) -> int | None:
+    return _int(body, "prompt_logprobs", None, lo=0, hi=engine.config.max_top_logprobs)
 
 
 class _Renderer:
@@ -405,6 +641,9 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
                 return await fn(request)  # type: ignore[no-any-return]
             except _HTTPError as exc:
                 return _error(exc.status, exc.message, exc.param, exc.headers)
+            except Exception as exc:  # a bug: say so in the OpenAI shape, and log it
+                logger.exception("engine: %s %s failed", request.method, request.url.path)
+                return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
         return wrapped
 
@@ -416,46 +655,45 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _HTTPError(400, "'messages' must be a non-empty list", param="messages")
-        tools = body.get("tools")
-        if tools is not None and len(tools) == 0:
-            # vLLM refuses an empty tools list; keep the same behaviour so gateway tests see it.
-            raise _HTTPError(
-                400,
-                "'tools' must not be an empty list; omit it when there are no tools",
-                param="tools",
-            )
-        tool_choice = body.get("tool_choice", "auto" if tools else "none")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(f"messages[{i}]", 'an object with a "role" string', m)
+        name = _model_name(engine, body)
+        tools = _tools(body)
+        tool_choice = _tool_choice(body, tools)
         parse_tools = bool(tools) and tool_choice != "none"
+        kwargs = body.get("chat_template_kwargs")
+        kwargs = {} if kwargs is None else kwargs
+        if not isinstance(kwargs, dict):
+            raise _bad("chat_template_kwargs", "an object", kwargs)
+        n = _n(body)
+        top_k = _top_k_requested(body, engine)
+        pl = _prompt_logprobs(body, engine)
+        params = [_params(body, engine, n_index=i) for i in range(n)]
+        for p in params:
+            p.logprobs = top_k
+            p.prompt_logprobs = pl
+        add_generation_prompt = _bool(body, "add_generation_prompt", True)
         draw = await _apply_faults(engine)
-        kwargs = dict(body.get("chat_template_kwargs") or {})
         try:
             prompt = tok.render_chat(
-                messages,
-                tools,
-                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-                **kwargs,
+                messages, tools, add_generation_prompt=add_generation_prompt, **kwargs
             )
         except Exception as exc:
             raise _HTTPError(
                 400, f"cannot render the chat template: {exc}", param="messages"
             ) from exc
         prompt_ids = tok.encode(prompt)
-        n = int(body.get("n") or 1)
-        top_k = _top_k_requested(body, engine)
-        params = [_params(body, engine, n_index=i) for i in range(n)]
-        pl = body.get("prompt_logprobs")
-        for p in params:
-            p.logprobs = top_k
-            p.prompt_logprobs = None if pl is None else int(pl)
-        forced = engine.forced_ids(messages, tools, _session_id(request, body))
+        forced_text = engine.forced_text(messages, tools, _session_id(request, body))
+        _check_forced_tool_call(tool_choice, forced_text)
+        forced = engine.forced_ids(forced_text)
         want_experts = engine.config.return_routed_experts
-        ret_ids = bool(body.get("return_token_ids"))
-        ret_versions = bool(body.get("return_weight_versions"))
-        render = _Renderer(engine, bool(body.get("return_tokens_as_token_ids")))
+        ret_ids = _bool(body, "return_token_ids", False)
+        ret_versions = _bool(body, "return_weight_versions", False)
+        render = _Renderer(engine, _bool(body, "return_tokens_as_token_ids", False))
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        name = body.get("model") or engine.model_name
-        if body.get("stream"):
+        if _bool(body, "stream", False):
             return await _chat_stream(
                 engine,
                 request,
@@ -550,33 +788,23 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             prompt_ids = [int(t) for t in prompt]
         else:
-            raise _HTTPError(
-                400,
-                "'prompt' must be a string or a list of token ids (one prompt per request)",
-                param="prompt",
-            )
-        draw = await _apply_faults(engine)
-        n = int(body.get("n") or 1)
-        k = body.get("logprobs")
-        if k is not None and not 0 <= int(k) <= engine.config.max_top_logprobs:
-            raise _HTTPError(
-                400,
-                f"logprobs must be in [0, {engine.config.max_top_logprobs}], got {k}",
-                param="logprobs",
-            )
+            raise _bad("prompt", "a string or a list of token ids (one prompt per request)", prompt)
+        name = _model_name(engine, body)
+        n = _n(body)
+        k = _int(body, "logprobs", None, lo=0, hi=engine.config.max_top_logprobs)
+        pl = _prompt_logprobs(body, engine)
         params = [_params(body, engine, n_index=i) for i in range(n)]
-        pl = body.get("prompt_logprobs")
         for p in params:
-            p.logprobs = None if k is None else int(k)
-            p.prompt_logprobs = None if pl is None else int(pl)
+            p.logprobs = k
+            p.prompt_logprobs = pl
+        draw = await _apply_faults(engine)
         forced = _token_route_forced(engine, request, body, prompt_ids)
-        ret_ids = bool(body.get("return_token_ids"))
-        render = _Renderer(engine, bool(body.get("return_tokens_as_token_ids")))
+        ret_ids = _bool(body, "return_token_ids", False)
+        render = _Renderer(engine, _bool(body, "return_tokens_as_token_ids", False))
         rid = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        name = body.get("model") or engine.model_name
         want_experts = engine.config.return_routed_experts
-        if body.get("stream"):
+        if _bool(body, "stream", False):
             return await _completions_stream(
                 engine, body, prompt_ids, params, forced, render, rid, created, name, draw
             )
@@ -627,13 +855,18 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
         body = await _body(request)
         ids = body.get("token_ids")
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-            raise _HTTPError(400, "'token_ids' must be a list of ints", param="token_ids")
+            raise _bad("token_ids", "a list of token ids", ids)
+        _model_name(engine, body)
+        sp = body.get("sampling_params")
+        sp = {} if sp is None else sp
+        if not isinstance(sp, dict):
+            raise _bad("sampling_params", "an object", sp)
+        params = _params(sp, engine, where="sampling_params.")
+        top_n = _int(
+            sp, "logprobs", None, lo=0, hi=engine.config.max_top_logprobs, where="sampling_params."
+        )
+        params.logprobs = top_n
         draw = await _apply_faults(engine)
-        sp = dict(body.get("sampling_params") or {})
-        params = _params(sp, engine)
-        lp = sp.get("logprobs")
-        params.logprobs = None if lp is None else int(lp)
-        top_n = None if lp is None else int(lp)
         forced = _token_route_forced(engine, request, body, ids)
         rid = str(body.get("request_id") or uuid.uuid4().hex)
         [c] = await engine.complete(
@@ -698,8 +931,8 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
             raise _HTTPError(
                 400, "send 'input_ids' (list of ints) or 'text' (string)", param="input_ids"
             )
-        draw = await _apply_faults(engine)
         params = _params(body, engine, sglang=True)
+        draw = await _apply_faults(engine)
         forced = _token_route_forced(engine, request, body, ids)
         want = bool(body.get("return_routed_experts")) or engine.config.return_routed_experts
         rid = str(body.get("rid") or uuid.uuid4().hex)
@@ -717,7 +950,7 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
             "finish_reason": finish,
             "prompt_tokens": len(ids),
             "completion_tokens": len(c.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": c.cached_tokens,
             "weight_version": c.token_versions[-1] if c.token_versions else engine.weight_version,
             "e2e_latency": time.perf_counter() - t0,
         }
@@ -819,17 +1052,20 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
         return _json({"prompt": tok.decode(ids)})
 
     async def models(request: Request) -> Response:
-        card = {
-            "id": engine.model_name,
-            "object": "model",
-            "created": engine.created,
-            "owned_by": "rollwire",
-            "root": engine.model_name,
-            "parent": None,
-            "max_model_len": engine.model.config.max_model_len,
-            "permission": [],
-        }
-        return _json({"object": "list", "data": [card]})
+        cards: list[dict[str, Any]] = [
+            {
+                "id": served,
+                "object": "model",
+                "created": engine.created,
+                "owned_by": "rollwire",
+                "root": engine.model_name,
+                "parent": None,
+                "max_model_len": engine.model.config.max_model_len,
+                "permission": [],
+            }
+            for served in engine.config.served_model_names
+        ]
+        return _json({"object": "list", "data": cards})
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -891,7 +1127,7 @@ def _token_route_forced(
         return None
     # Token-in routes have no messages; recover the ChatML turns so regex rules still match.
     messages = messages_from_prompt(engine.tokenizer.decode(ids))
-    return engine.forced_ids(messages, None, _session_id(request, body))
+    return engine.forced_ids(engine.forced_text(messages, None, _session_id(request, body)))
 
 
 def _completion_logprobs(render: _Renderer, c: Completion) -> dict[str, Any]:
@@ -947,7 +1183,7 @@ async def _chat_stream(
     draw: FaultDraw,
 ) -> Response:
     reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
-    ret_ids = bool(body.get("return_token_ids")) and not draw.drop_token_ids
+    ret_ids = _bool(body, "return_token_ids", False) and not draw.drop_token_ids
     want_lp = params[0].logprobs is not None
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     n = len(params)
@@ -1018,7 +1254,7 @@ async def _chat_stream(
                     tool_seen[i] = tool_seen[i] or any("tool_calls" in f for f in frags)
                     sent += 1
                     if draw.truncate_stream and sent >= 2:
-                        return  # injected fault: the connection ends without [DONE]
+                        raise _CutStream  # injected fault: the connection drops mid-body
                 elif isinstance(ev, Completion):
                     done += 1
                     completion_tokens += len(ev.output_ids)
@@ -1048,11 +1284,11 @@ async def _chat_stream(
                     }
                     if ret_ids:
                         last["token_ids"] = []
-                    if body.get("return_weight_versions"):
+                    if _bool(body, "return_weight_versions", False):
                         last["weight_versions"] = ev.weight_versions()
                     yield chunk([last])
             if draw.truncate_stream:
-                return
+                raise _CutStream
             if include_usage:
                 yield chunk(
                     [],
@@ -1068,7 +1304,7 @@ async def _chat_stream(
             for r in reqs:
                 r.abort()
 
-    return StreamingResponse(gen(), media_type="text/event-stream")
+    return _SSEResponse(gen(), media_type="text/event-stream")
 
 
 async def _completions_stream(
@@ -1084,7 +1320,7 @@ async def _completions_stream(
     draw: FaultDraw,
 ) -> Response:
     reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
-    ret_ids = bool(body.get("return_token_ids")) and not draw.drop_token_ids
+    ret_ids = _bool(body, "return_token_ids", False) and not draw.drop_token_ids
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     n = len(params)
 
@@ -1142,7 +1378,7 @@ async def _completions_stream(
                     yield chunk([c])
                     sent += 1
                     if draw.truncate_stream and sent >= 2:
-                        return
+                        raise _CutStream
                 elif isinstance(ev, Completion):
                     done += 1
                     completion_tokens += len(ev.output_ids)
@@ -1158,7 +1394,7 @@ async def _completions_stream(
                         last["token_ids"] = []
                     yield chunk([last])
             if draw.truncate_stream:
-                return
+                raise _CutStream
             if include_usage:
                 yield chunk(
                     [],
@@ -1173,7 +1409,7 @@ async def _completions_stream(
             for r in reqs:
                 r.abort()
 
-    return StreamingResponse(gen(), media_type="text/event-stream")
+    return _SSEResponse(gen(), media_type="text/event-stream")
 
 
 class EmbeddedEngine:

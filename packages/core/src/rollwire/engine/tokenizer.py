@@ -7,11 +7,8 @@ hash of everything that determines its ids, so every process sees the same ids.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
-import threading
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from importlib import resources
@@ -26,6 +23,7 @@ __all__ = [
     "CONTROL_TOKENS",
     "MARKUP_TOKENS",
     "EngineTokenizer",
+    "build_tokenizer",
     "chat_template",
     "render_chat",
     "tokenizer_dir",
@@ -43,8 +41,8 @@ MARKUP_TOKENS = (
     "</tool_response>",
 )
 _VOCAB_SIZE = 2048
-# Bump when the training recipe changes, so stale cached folders are not reused.
-_RECIPE_VERSION = "1"
+#: The shipped Hugging Face folder, relative to this package.
+_SHIPPED = "tokenizer"
 
 
 def chat_template() -> str:
@@ -54,30 +52,6 @@ def chat_template() -> str:
 
 def _corpus() -> str:
     return resources.files(__package__).joinpath("corpus.txt").read_text("utf-8")
-
-
-def _recipe_hash() -> str:
-    import tokenizers
-
-    h = hashlib.sha256()
-    for part in (
-        _RECIPE_VERSION,
-        str(_VOCAB_SIZE),
-        tokenizers.__version__,
-        _corpus(),
-        chat_template(),
-    ):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
-
-
-def _cache_root() -> Path:
-    env = os.environ.get("ROLLWIRE_CACHE_DIR")
-    if env:
-        return Path(env) / "engine"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "rollwire" / "engine"
 
 
 def _train() -> Tokenizer:
@@ -138,32 +112,26 @@ def _write_folder(folder: Path, tok: Tokenizer) -> None:
     (folder / "chat_template.jinja").write_text(chat_template())
 
 
-_build_lock = threading.Lock()
+def build_tokenizer(folder: str | os.PathLike[str]) -> Path:
+    """Train the tokenizer from the shipped corpus and write the Hugging Face folder to ``folder``
+    (how the shipped ``tokenizer/`` folder was made)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_folder(out, _train())
+    return out
 
 
 @lru_cache(maxsize=1)
 def tokenizer_dir() -> Path:
-    """Path of the Hugging Face tokenizer folder, built on first use and cached on disk.
-
-    The folder name is a hash of the corpus, template and training recipe, so ids never change
-    for a given rollwire version. Building takes well under a second.
-    """
-    with _build_lock:
-        folder = _cache_root() / f"tokenizer-{_recipe_hash()}"
-        if (folder / "tokenizer_config.json").exists():
-            return folder
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        # Build in a sibling temp dir and rename, so concurrent processes never see half a folder.
-        tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
-        _write_folder(tmp, _train())
-        try:
-            tmp.rename(folder)
-        except OSError:
-            # Another process won the race; its folder is identical.
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-        return folder
+    """Path of the shipped Hugging Face tokenizer folder (read-only; nothing is built at run time)."""
+    folder = Path(str(resources.files(__package__).joinpath(_SHIPPED)))
+    if not (folder / "tokenizer.json").exists():
+        raise FileNotFoundError(
+            f"the engine's tokenizer folder {folder} is missing from the installed package; "
+            "reinstall rollwire, or rebuild it with `rollwire engine build-tokenizer "
+            f"{folder}`"
+        )
+    return folder
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -196,8 +164,12 @@ class EngineTokenizer:
         self.special_ids: set[int] = {self._require(t) for t in CONTROL_TOKENS}
         #: ids of the markup tokens (``<tool_call>``, ``<think>``...), kept in decoded text.
         self.markup_ids: set[int] = {self._require(t) for t in MARKUP_TOKENS}
-        #: every added token, as Hugging Face names it (what fork classification reads).
-        self.all_special_ids: list[int] = sorted(self.special_ids | self.markup_ids)
+        #: The control tokens, exactly what ``AutoTokenizer(...).all_special_ids`` reports for
+        #: this folder: the markup tokens are plain added tokens (``special: false``, as in
+        #: Qwen2.5), so they are not special. Fork classification reads this.
+        self.all_special_ids: list[int] = list(
+            dict.fromkeys([self.eos_id, self.pad_id, self._require("<|im_start|>")])
+        )
         self._token_bytes: list[bytes] = [self._bytes_of(i) for i in range(self.vocab_size)]
         self._template_text = (
             json.loads((self.folder / "tokenizer_config.json").read_text())["chat_template"]
