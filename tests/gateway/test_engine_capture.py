@@ -120,7 +120,7 @@ def _recomputed_logprobs(eng: EmbeddedEngine, call: ModelCall) -> np.ndarray:
     ids = prompt + call.completion_ids.tolist()
     r = httpx.post(
         eng.url + "/v1/completions",
-        json={"model": "x", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0},
+        json={"model": "rollwire-tiny", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0},
         timeout=120,
     )
     r.raise_for_status()

@@ -303,7 +303,7 @@ def test_engine_recomputed_logprobs_match(gateway: RunningGateway, engine: Embed
         r = httpx.post(
             engine.url + "/v1/completions",
             json={
-                "model": "x",
+                "model": "rollwire-tiny",
                 "prompt": row.input_ids.tolist(),
                 "max_tokens": 1,
                 "prompt_logprobs": 0,

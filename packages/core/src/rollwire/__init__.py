@@ -19,8 +19,10 @@ _EXPORTS: dict[str, str] = {
     "openai_client": "rollwire.context",
     "async_openai_client": "rollwire.context",
     "rollout_model": "rollwire.context",
+    "rollout_create_kwargs": "rollwire.context",
     # trainer side
     "RolloutClient": "rollwire.client",
+    "GatewayUnavailable": "rollwire.client",
     "GatewayClient": "rollwire.gateway_client",
     "AsyncGatewayClient": "rollwire.gateway_client",
     "LocalRunner": "rollwire.runners",
@@ -44,6 +46,7 @@ __all__ = [
     "AsyncGatewayClient",
     "Fork",
     "GatewayClient",
+    "GatewayUnavailable",
     "Group",
     "HttpRunner",
     "LocalRunner",
@@ -63,18 +66,20 @@ __all__ = [
     "openai_client",
     "read_jsonl",
     "rollout_context",
+    "rollout_create_kwargs",
     "rollout_model",
     "write_jsonl",
 ]
 
 if TYPE_CHECKING:
     from rollwire.app import RolloutApp
-    from rollwire.client import RolloutClient
+    from rollwire.client import GatewayUnavailable, RolloutClient
     from rollwire.context import (
         RolloutContext,
         async_openai_client,
         openai_client,
         rollout_context,
+        rollout_create_kwargs,
         rollout_model,
     )
     from rollwire.dataset import read_jsonl, write_jsonl

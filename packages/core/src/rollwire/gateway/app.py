@@ -597,8 +597,11 @@ class Gateway:
 
     def _prepare(self, backend: Backend, fwd: dict[str, Any], chat: bool) -> bytes:
         body = fwd
-        if backend.kind != "openai":
+        if backend.model is not None and fwd.get("model") != backend.model:
             body = dict(fwd)
+            body["model"] = backend.model
+        if backend.kind != "openai":
+            body = dict(body)
             stream = bool(body.get("stream"))
             if backend.kind == "sglang" and stream:
                 body["return_output_ids_in_sglext"] = True

@@ -26,6 +26,8 @@ class Backend:
     kind: str = "vllm"
     healthy: bool = True
     in_flight: int = 0
+    #: served model name every forwarded request uses (see ``BackendSpec.model``)
+    model: str | None = None
 
     def info(self) -> dict[str, object]:
         """The JSON form the control plane returns."""
@@ -33,6 +35,7 @@ class Backend:
             "name": self.name,
             "url": self.url,
             "kind": self.kind,
+            "model": self.model,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
         }
@@ -53,7 +56,7 @@ class BackendPool:
         name = spec.name or f"b{len(self.backends)}"
         while spec.name is None and name in self.backends:
             name = f"b{len(self.backends) + 1}-{len(name)}"
-        backend = Backend(name=name, url=spec.url, kind=spec.kind)
+        backend = Backend(name=name, url=spec.url, kind=spec.kind, model=spec.model)
         self.backends[name] = backend
         return backend
 
@@ -99,10 +102,36 @@ class BackendPool:
                 ok = resp.status < 500 if backend.kind == "openai" else resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             ok = False
+        if ok and backend.model is None and backend.kind != "openai":
+            backend.model = await self._served_model(http, backend)
         if ok and not backend.healthy:
             log.warning("backend %s (%s) is healthy again", backend.name, backend.url)
         backend.healthy = ok
         return ok
+
+    @staticmethod
+    async def _served_model(http: aiohttp.ClientSession, backend: Backend) -> str | None:
+        # vLLM and SGLang answer only to the name they serve (404 otherwise), while agents are
+        # told the session's model name: the gateway sends the served one.
+        try:
+            async with http.get(
+                backend.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.json(content_type=None)
+            model = str(data["data"][0]["id"])
+        except (
+            aiohttp.ClientError,
+            asyncio.TimeoutError,
+            OSError,
+            ValueError,
+            LookupError,
+            TypeError,
+        ):
+            return None
+        log.info("backend %s (%s) serves model %r", backend.name, backend.url, model)
+        return model
 
     async def check_all(self, http: aiohttp.ClientSession) -> None:
         """Probe every backend concurrently."""
@@ -111,6 +140,6 @@ class BackendPool:
     async def run_health_checks(self, http: aiohttp.ClientSession, interval: float) -> None:
         """Probe all backends every ``interval`` seconds until cancelled."""
         while True:
-            await asyncio.sleep(interval)
             with contextlib.suppress(Exception):
                 await self.check_all(http)
+            await asyncio.sleep(interval)

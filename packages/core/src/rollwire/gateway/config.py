@@ -17,6 +17,10 @@ class BackendSpec:
     url: str
     kind: str = "vllm"
     name: str | None = None
+    #: the name the server serves its model under; requests are sent with it whatever model name
+    #: the agent used (agents are told ``policy``). Discovered from ``GET /v1/models`` for
+    #: ``vllm``/``sglang`` backends when not given; ``openai`` backends are never rewritten unless set.
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:

@@ -454,7 +454,15 @@ def build_control_app(gw: Gateway) -> Starlette:
             raise GatewayError(400, f"a backend's name must be a string, got {body['name']!r}")
         if kind not in BACKEND_KINDS:
             raise GatewayError(400, f"kind must be one of {BACKEND_KINDS}, got {kind!r}")
-        backend = gw.pool.add(BackendSpec(url=str(body["url"]), kind=kind, name=body.get("name")))
+        model = body.get("model")
+        backend = gw.pool.add(
+            BackendSpec(
+                url=str(body["url"]),
+                kind=kind,
+                name=body.get("name"),
+                model=None if model is None else str(model),
+            )
+        )
         if gw._http is not None:
             await gw.pool.check(gw._http, backend)
         return backends_json()
