@@ -8,8 +8,9 @@ instantly) and one rollwire gateway (SQLite file store), each in its own process
 runs the RolloutClient and the agents through the local runner (in-process asyncio). Each agent is
 an async handler with the OpenAI SDK (``async_openai_client`` sharing one connection pool) that
 makes K chat calls, growing the conversation each turn, and returns a reward. Reported: wall time,
-rollouts/s, model calls/s, calls captured vs made (lost calls must be 0), CPU seconds and peak
-RSS of the gateway and of the client process (client + agents). Exits 1 on any lost call.
+rollouts/s, model calls/s, rollouts returned vs requested, calls captured vs made over all
+requested rollouts (lost calls must be 0), CPU seconds and peak RSS of the gateway and of the
+client process (client + agents). Exits 1 on any lost rollout or call.
 
 Measured on a shared 2-core VM (gateway, null backend and client on the same two cores), 1,000
 rollouts x 5 calls, concurrency 1,000: 5.1-6.5 s wall, 760-980 calls/s, 0 lost calls, gateway
@@ -223,10 +224,13 @@ def main() -> None:
         groups = asyncio.run(go())
         wall = time.perf_counter() - t0
         rollouts = [r for g in groups for r in g.rollouts]
+        requested = n_tasks * args.group_size
         captured = sum(len(r.calls) for r in rollouts)
-        expected = len(rollouts) * args.calls
+        # against what was asked for, not what came back: a dropped rollout is lost calls too
+        expected = requested * args.calls
         short = sum(1 for r in rollouts if len(r.calls) != args.calls)
         result = {
+            "rollouts_requested": requested,
             "rollouts": len(rollouts),
             "calls_per_rollout": args.calls,
             "concurrency": args.concurrency,
@@ -251,7 +255,19 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         if args.json is not None:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
-        if result["lost_calls"] or result["completed"] != len(rollouts):
+        lost = (
+            len(rollouts) != requested
+            or agent.made != captured
+            or captured != expected
+            or result["completed"] != requested
+        )
+        if lost:
+            print(
+                f"LOST: {requested} rollouts requested, {len(rollouts)} returned "
+                f"({result['completed']} completed); {agent.made} calls made, {captured} "
+                f"captured, {expected} expected",
+                file=sys.stderr,
+            )
             sys.exit(1)
     finally:
         for p in reversed(procs):

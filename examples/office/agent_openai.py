@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import rollwire
-from rollwire.context import rollout_model
+from rollwire.context import rollout_create_kwargs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from office import SYSTEM_PROMPT, TOOLS, Office, score_office, task_prompt
@@ -31,7 +31,8 @@ def assist(payload: dict[str, Any]) -> dict[str, Any]:
     """Do one office task; returns ``{"reward", "metrics"}``."""
     office = Office(payload)
     client = rollwire.openai_client(payload, max_retries=2)
-    model = rollout_model(payload, os.environ.get("OFFICE_MODEL", "gpt-4o-mini"))
+    # the session's model and sampling in a rollout; production's settings otherwise
+    create = rollout_create_kwargs(payload, model=os.environ.get("OFFICE_MODEL", "gpt-4o-mini"))
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task_prompt(payload)},
@@ -40,7 +41,7 @@ def assist(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         while turns < MAX_TURNS:
             turns += 1
-            resp = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+            resp = client.chat.completions.create(messages=messages, tools=TOOLS, **create)  # type: ignore[arg-type]
             msg = resp.choices[0].message
             calls = [tc for tc in msg.tool_calls or [] if tc.type == "function"]
             assistant: dict[str, Any] = {"role": "assistant", "content": msg.content}

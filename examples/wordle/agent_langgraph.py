@@ -4,7 +4,9 @@ Production code with two rollwire lines: ``app = RolloutApp(...)`` and
 ``rollwire_langgraph.chat_model(payload, ...)``, which returns a ``ChatOpenAI`` wired to the
 rollout session, or the production model when the payload has no ``_rollwire`` key. Run it as a
 server with ``python examples/wordle/agent_langgraph.py`` (port 8080, AgentCore's contract) or
-through ``rollwire demo --agent langgraph``.
+through ``rollwire demo --agent langgraph``. Like every Wordle agent: an agent or game error scores
+-1.5 (metric ``agent_error=1``); an infrastructure error is raised and the rollout recorded
+``failed`` (:mod:`rollwire.wordle.failures`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from typing import Any
 
 from langchain.agents import create_agent
 from langchain_core.tools import tool
+from langgraph.errors import GraphRecursionError
 
 import rollwire_langgraph
 from rollwire.app import RolloutApp
 from rollwire.wordle.agent_openai import secret_of
+from rollwire.wordle.failures import agent_error_result, is_infrastructure_error
 from rollwire.wordle.game import SYSTEM_PROMPT, WordleGame, task_prompt
 from rollwire.wordle.reward import NO_VALID_GUESS, score_game
 
@@ -35,7 +39,15 @@ app = RolloutApp(failure_reward=NO_VALID_GUESS)
 @app.rollout_entrypoint
 def play(payload: dict[str, Any]) -> dict[str, Any]:
     """Play one game of Wordle with a LangChain agent; returns ``{"reward", "metrics"}``."""
+    try:
+        return _play(payload)
+    except Exception as exc:
+        if is_infrastructure_error(exc):
+            raise  # not the policy's doing: RolloutApp records the rollout failed
+        return agent_error_result(exc)
 
+
+def _play(payload: dict[str, Any]) -> dict[str, Any]:
     game = WordleGame(secret_of(payload))
 
     @tool
@@ -63,8 +75,8 @@ def play(payload: dict[str, Any]) -> dict[str, Any]:
             stream_mode="updates",
         ):
             turns += sum(1 for node in update if node == "model")
-    except Exception as exc:  # the game so far still earns its reward
-        log.warning("wordle langgraph agent stopped: %s: %s", type(exc).__name__, exc)
+    except GraphRecursionError:  # the turn limit: the game so far is scored
+        log.info("wordle langgraph agent stopped at the turn limit")
     score = score_game(game)
     return {"reward": score.reward, "metrics": {**score.metrics(), "turns": float(turns)}}
 

@@ -11,7 +11,8 @@ an installed wheel; read it there. In short::
         client = openai_client(payload)          # the rollout session, or production
         messages = [system, user]
         while not game.over:
-            msg = client.chat.completions.create(model=..., messages=messages, tools=[GUESS_TOOL]).choices[0].message
+            create = rollout_create_kwargs(payload, model="gpt-4o-mini")  # session model + sampling
+            msg = client.chat.completions.create(messages=messages, tools=[GUESS_TOOL], **create).choices[0].message
             ... run each guess_word call, append the tool results ...
         return {"reward": score_game(game).reward, "metrics": ...}
 

@@ -4,7 +4,9 @@ Production code with two rollwire lines: ``app = RolloutApp(...)`` and
 ``rollwire_strands.model(payload, ...)``, which returns an ``OpenAIModel`` wired to the rollout
 session, or the production model when the payload has no ``_rollwire`` key. Run it as a server
 with ``python examples/wordle/agent_strands.py`` (port 8080, AgentCore's contract) or through
-``rollwire demo --agent strands``.
+``rollwire demo --agent strands``. Like every Wordle agent: an agent or game error scores -1.5
+(metric ``agent_error=1``); an infrastructure error is raised and the rollout recorded ``failed``
+(:mod:`rollwire.wordle.failures`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ from strands.hooks import BeforeModelCallEvent
 import rollwire_strands
 from rollwire.app import RolloutApp
 from rollwire.wordle.agent_openai import secret_of
+from rollwire.wordle.failures import (
+    TurnLimitReached,
+    agent_error_result,
+    caused_by,
+    is_infrastructure_error,
+)
 from rollwire.wordle.game import SYSTEM_PROMPT, WordleGame, task_prompt
 from rollwire.wordle.reward import NO_VALID_GUESS, score_game
 
@@ -36,7 +44,15 @@ app = RolloutApp(failure_reward=NO_VALID_GUESS)
 @app.rollout_entrypoint
 def play(payload: dict[str, Any]) -> dict[str, Any]:
     """Play one game of Wordle with a Strands agent; returns ``{"reward", "metrics"}``."""
+    try:
+        return _play(payload)
+    except Exception as exc:
+        if is_infrastructure_error(exc):
+            raise  # not the policy's doing: RolloutApp records the rollout failed
+        return agent_error_result(exc)
 
+
+def _play(payload: dict[str, Any]) -> dict[str, Any]:
     game = WordleGame(secret_of(payload))
     turns = 0
 
@@ -53,7 +69,7 @@ def play(payload: dict[str, Any]) -> dict[str, Any]:
         nonlocal turns
         turns += 1
         if turns > MAX_TURNS:  # a policy that never stops calling tools still ends the game
-            raise RuntimeError(f"no answer after {MAX_TURNS} model calls")
+            raise TurnLimitReached(f"no answer after {MAX_TURNS} model calls")
 
     model = rollwire_strands.model(
         payload,
@@ -73,8 +89,10 @@ def play(payload: dict[str, Any]) -> dict[str, Any]:
     agent.hooks.add_callback(BeforeModelCallEvent, count_turns)
     try:
         agent(task_prompt(game.max_guesses))
-    except Exception as exc:  # the game so far still earns its reward
-        log.warning("wordle strands agent stopped: %s: %s", type(exc).__name__, exc)
+    except Exception as exc:
+        if not caused_by(exc, TurnLimitReached):
+            raise
+        log.info("wordle strands agent stopped at the turn limit")  # the game so far is scored
     score = score_game(game)
     return {"reward": score.reward, "metrics": {**score.metrics(), "turns": float(turns)}}
 

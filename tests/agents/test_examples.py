@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -18,8 +19,11 @@ from rollwire.engine.config import EngineConfig
 from rollwire.engine.server import EmbeddedEngine
 from rollwire.gateway import serve_in_thread
 from rollwire.protocol import Rollout
+from rollwire.serving import ServerThread
+from rollwire.testing.agent import RecordingServer
 from rollwire.trajectory import build_rows
-from rollwire.wordle import WordleSolver, make_tasks
+from rollwire.wordle import WordleSolver, agent_openai, make_tasks
+from rollwire.wordle.failures import is_infrastructure_error
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -188,3 +192,82 @@ def test_office_tools() -> None:
     assert world.call("send_email", '{"to": "nobody"}').startswith("Error")
     assert world.call("delete_everything", "{}").startswith("Error")
     assert world.tool_errors == 2 and world.outbox == []
+
+
+# -- the Wordle agents' contract: agent errors score, infrastructure errors fail ------------------
+
+WORDLE_AGENTS = ["agent_openai", "agent_strands", "agent_langgraph"]
+
+
+def _wordle_agent(name: str) -> ModuleType:
+    return agent_openai if name == "agent_openai" else _load(EXAMPLES / "wordle" / f"{name}.py")
+
+
+def _payload(base_url: str, **task: Any) -> dict[str, Any]:
+    return {
+        **task,
+        "_rollwire": {
+            "version": 1,
+            "session_id": "s-1",
+            "base_url": base_url,
+            "api_key": "tok",
+            "model": "policy",
+            "sampling": {"temperature": 0.3, "max_tokens": 20, "top_k": 5},
+            "complete_url": "http://127.0.0.1:9/api/sessions/s-1/complete",
+            "deadline": time.time() + 60,
+        },
+    }
+
+
+@pytest.mark.parametrize("name", WORDLE_AGENTS)
+def test_a_broken_task_scores_no_valid_guess_with_agent_error(name: str) -> None:
+    result = _wordle_agent(name).play(_payload("http://127.0.0.1:9/v1"))  # no secret word
+    assert result == {"reward": -1.5, "metrics": {"agent_error": 1.0}}
+
+
+def _unauthorized() -> ServerThread:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def refuse(request: Any) -> JSONResponse:
+        error = {"message": "invalid session token", "type": "authentication_error"}
+        return JSONResponse({"error": error}, status_code=401)
+
+    return ServerThread(Starlette(routes=[Route("/{path:path}", refuse, methods=["GET", "POST"])]))
+
+
+@pytest.mark.parametrize("failure", ["connection refused", "401"])
+@pytest.mark.parametrize("name", WORDLE_AGENTS)
+def test_an_infrastructure_error_is_raised_not_scored(name: str, failure: str) -> None:
+    module = _wordle_agent(name)
+    if failure == "401":
+        with _unauthorized() as server, pytest.raises(Exception) as info:
+            module.play(_payload(f"{server.url}/v1", secret="crane"))
+    else:
+        with pytest.raises(Exception) as info:
+            module.play(_payload("http://127.0.0.1:9/v1", secret="crane"))  # nothing listens
+    assert is_infrastructure_error(info.value), repr(info.value)
+
+
+@pytest.mark.parametrize("name", WORDLE_AGENTS)
+def test_an_outage_is_a_failed_rollout_not_a_reward(name: str) -> None:
+    module = _wordle_agent(name)
+    # the gateway works, but the inference server behind it is gone: every call answers 5xx
+    with (
+        serve_in_thread(backends=[("http://127.0.0.1:9", "vllm")]) as gateway,
+        RolloutClient(gateway, app=module.app, group_size=1, deadline=60) as rc,
+    ):
+        (group,) = rc.run(make_tasks(1, seed=4))
+    (rollout,) = group.rollouts
+    assert rollout.status == "failed", (rollout.status, rollout.reward, rollout.metrics)
+    assert "agent_error" not in rollout.metrics
+
+
+def test_the_openai_wordle_agent_sends_the_session_sampling() -> None:
+    with RecordingServer() as server:
+        result = agent_openai.play(_payload(f"{server.url}/v1", secret="crane"))
+    assert result["reward"] == -1.5 and "agent_error" not in result["metrics"]  # it never guessed
+    body = server.chat_requests[0].body
+    assert body["model"] == "policy"
+    assert body["temperature"] == 0.3 and body["max_tokens"] == 20 and body["top_k"] == 5

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rollwire.agents import openai as openai_agent
-from rollwire.context import rollout_model
+from rollwire.context import rollout_create_kwargs
 from rollwire.testing.agent import (
     PRODUCTION_MODEL,
     AgentAdapterConformance,
@@ -56,26 +56,19 @@ class TestOpenAIAdapter(AgentAdapterConformance):
         self, model: Any, task: ToolTask, *, stream: bool, payload: Mapping[str, Any]
     ) -> str:
         tools = {fn.__name__: fn for fn in task.tools}
-        # the plain client has no place for sampling: the request carries the session's
-        sampling = dict(payload["_rollwire"]["sampling"]) if "_rollwire" in payload else {}
-        extra = {
-            k: sampling.pop(k)
-            for k in list(sampling)
-            if k not in ("temperature", "top_p", "max_tokens")
-        }
+        # the plain client has no place for sampling: each request carries the session's, through
+        # the helper agents use (so the suite's session-wiring test checks the helper)
+        create = rollout_create_kwargs(payload, model=PRODUCTION_MODEL)
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": task.system_prompt},
             {"role": "user", "content": task.prompt},
         ]
         for _ in range(8):
             kwargs: dict[str, Any] = {
-                "model": rollout_model(payload, PRODUCTION_MODEL),
                 "messages": messages,
                 "tools": [tool_schema(fn) for fn in task.tools],
-                **sampling,
+                **create,
             }
-            if extra:
-                kwargs["extra_body"] = extra
             if stream:
                 message = _merge_stream(model.chat.completions.create(stream=True, **kwargs))
             else:

@@ -4,14 +4,24 @@ infrastructure retries only, client-side deadline."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from rollwire.client import RolloutClient, task_id_of
+from rollwire import client as client_module
+from rollwire.app import RolloutApp
+from rollwire.client import GatewayUnavailable, RolloutClient, task_id_of
 from rollwire.protocol import Group
 from rollwire.runners import LocalRunner, RunnerError
+from rollwire.serving import ServerThread
 from rollwire.trajectory import build_rows
 from rollwire.wordle import make_tasks
 from rollwire.wordle.agent_openai import app as wordle_app
@@ -163,3 +173,262 @@ def test_client_argument_errors() -> None:
         RolloutClient("http://127.0.0.1:1")
     with pytest.raises(ValueError, match="group_size"):
         RolloutClient("http://127.0.0.1:1", admin_key="k", group_size=0)
+
+
+# -- one rollout's error is that rollout's, not the run's -----------------------------------------
+
+
+class BuggyRunner:
+    """Delivers through a LocalRunner, but its ``nth`` invoke raises a bug (not a RunnerError)."""
+
+    def __init__(self, inner: LocalRunner, nth: int) -> None:
+        self.inner, self.nth, self.n = inner, nth, 0
+        self.sids: list[str] = []
+
+    async def invoke(self, payload: Mapping[str, Any], session_id: str) -> None:
+        self.n += 1
+        self.sids.append(session_id)
+        if self.n == self.nth:
+            raise KeyError("unexpected bug in the runner")
+        await self.inner.invoke(payload, session_id)
+
+    async def drain(self) -> None:
+        await self.inner.drain()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_runner_bug_fails_one_rollout_and_keeps_every_group(stack: Any) -> None:
+    runner = BuggyRunner(LocalRunner(_delayed), nth=3)
+    client = RolloutClient(stack, runner=runner, group_size=2, failure_reward=-7.0)
+    tasks = [{"id": t, "delay": 0.05} for t in ("a", "b", "c")]
+    groups = await client.arun(tasks)
+    assert [g.task_id for g in groups] == ["a", "b", "c"]
+    rollouts = {r.rollout_id: r for g in groups for r in g.rollouts}
+    bad = rollouts[runner.sids[2]]
+    assert bad.status == "failed" and bad.reward == -7.0
+    assert "KeyError" in (bad.error or "") and "unexpected bug" in (bad.error or "")
+    assert sum(r.status == "completed" for r in rollouts.values()) == 5
+    assert client.stats.client_errors == 1
+
+
+class BlipProxy:
+    """A reverse proxy in front of the gateway whose control plane (``/api/...``) can be switched
+    off (503), as during a gateway restart; the data plane keeps flowing."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.down = False
+        self.refused = 0
+        route = Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE"])
+        self.server = ServerThread(Starlette(routes=[route]))
+
+    async def _forward(self, request: Request) -> Response:
+        path = request.url.path
+        if self.down and path.startswith("/api/"):
+            self.refused += 1
+            return JSONResponse({"error": {"message": "gateway restarting"}}, status_code=503)
+        headers = {
+            k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")
+        }
+        async with httpx.AsyncClient(timeout=120) as http:
+            resp = await http.request(
+                request.method,
+                self.upstream + path,
+                params=request.query_params,
+                headers=headers,
+                content=await request.body(),
+            )
+        return Response(
+            resp.content,
+            status_code=resp.status_code,
+            media_type=resp.headers.get("content-type", "application/json"),
+        )
+
+
+async def test_a_gateway_blip_mid_run_is_ridden_out(stack: Any) -> None:
+    proxy = BlipProxy(stack.url)
+    with proxy.server:
+        gateway = SimpleNamespace(url=proxy.server.url, admin_key=stack.admin_key)
+        client = RolloutClient(
+            gateway,
+            runner=LocalRunner(_delayed),
+            group_size=2,
+            concurrency=2,
+            retry_backoff=0.1,
+            gateway_timeout=30,
+        )
+
+        async def blip() -> None:
+            await asyncio.sleep(0.4)
+            proxy.down = True
+            await asyncio.sleep(2.0)
+            proxy.down = False
+
+        blipping = asyncio.create_task(blip())
+        groups = await client.arun([{"id": f"t{i}", "delay": 0.3} for i in range(4)])
+        await blipping
+    assert proxy.refused > 0 and client.stats.gateway_retries > 0
+    assert len(groups) == 4
+    assert all(r.status == "completed" for g in groups for r in g.rollouts)
+
+
+async def test_a_gateway_down_past_the_budget_aborts_the_run_clearly() -> None:
+    client = RolloutClient(
+        "http://127.0.0.1:1",  # nothing listens
+        admin_key="k",
+        runner=LocalRunner(_delayed),
+        group_size=1,
+        retry_backoff=0.05,
+        gateway_timeout=0.5,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(GatewayUnavailable, match=r"unreachable for .* \(gateway_timeout=0.5s\)"):
+        await client.arun([{"id": "t", "delay": 0}])
+    assert time.monotonic() - t0 < 5
+
+
+async def test_an_aborted_run_hands_back_the_groups_that_finished(stack: Any) -> None:
+    proxy = BlipProxy(stack.url)
+    app = RolloutApp(shutdown_timeout=0.5)
+
+    @app.rollout_entrypoint
+    async def handler(payload: dict[str, Any]) -> float:
+        if payload["id"] == "slow":
+            await asyncio.sleep(1.0)
+            proxy.down = True  # the gateway goes away for good
+        return 1.0
+
+    with proxy.server:
+        gateway = SimpleNamespace(url=proxy.server.url, admin_key=stack.admin_key)
+        client = RolloutClient(
+            gateway,
+            runner="local",
+            app=app,
+            group_size=1,
+            deadline=2.0,
+            deadline_grace=0.5,
+            retry_backoff=0.1,
+            gateway_timeout=1.0,
+        )
+        with pytest.raises(GatewayUnavailable) as info:
+            await client.arun([{"id": "fast"}, {"id": "slow"}])
+        await client.aclose()
+    assert [g.task_id for g in info.value.groups] == ["fast"]
+
+
+# -- a rollout is terminal when it is returned ---------------------------------------------------
+
+
+async def test_a_failure_the_client_cannot_record_is_marked_failed_locally(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuse(self: Any, session_id: str, **fields: Any) -> None:
+        raise client_module._GatewayError(403, "HTTP 403: not allowed")
+
+    monkeypatch.setattr(client_module._ControlPlane, "complete", refuse)
+    client = RolloutClient(
+        stack, runner=BlackHoleRunner(), group_size=1, deadline=0.3, deadline_grace=0.2
+    )
+    (group,) = await client.arun([{"id": "t"}])
+    (r,) = group.rollouts
+    assert r.status == "failed" and r.reward == 0.0
+    assert "no terminal record" in (r.error or "")
+
+
+async def test_recording_a_failure_is_retried_on_transient_errors(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = client_module._ControlPlane.complete
+    failures = {"left": 2}
+
+    async def flaky(self: Any, session_id: str, **fields: Any) -> None:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise client_module._GatewayError(503, "HTTP 503: busy")
+        await real(self, session_id, **fields)
+
+    monkeypatch.setattr(client_module._ControlPlane, "complete", flaky)
+    client = RolloutClient(
+        stack,
+        runner=BlackHoleRunner(),
+        group_size=1,
+        deadline=0.3,
+        deadline_grace=0.2,
+        retry_backoff=0.05,
+    )
+    (group,) = await client.arun([{"id": "t"}])
+    assert group.rollouts[0].status == "timeout" and failures["left"] == 0
+
+
+# -- a session runs on one agent ------------------------------------------------------------------
+
+
+class LostAnswerRunner:
+    """The first delivery reaches agent A, which takes the rollout, but the answer is lost (a
+    read timeout, a load balancer's 502); a retry would go to agent B."""
+
+    def __init__(self, a: LocalRunner, b: LocalRunner, gateway: Any) -> None:
+        self.a, self.b, self.gateway = a, b, gateway
+        self.attempts: dict[str, int] = {}
+        self.b_invoked: list[str] = []
+
+    async def invoke(self, payload: Mapping[str, Any], session_id: str) -> None:
+        n = self.attempts[session_id] = self.attempts.get(session_id, 0) + 1
+        if n > 1:
+            self.b_invoked.append(session_id)
+            await self.b.invoke(payload, session_id)
+            return
+        await self.a.invoke(payload, session_id)
+        gc = self.gateway.client()
+        for _ in range(500):  # A is at work: it has called the model or already reported
+            info = await asyncio.to_thread(gc.get_session, session_id)
+            if info.num_calls > 0 or info.terminal:
+                break
+            await asyncio.sleep(0.01)
+        raise RunnerError("read timeout (simulated): the answer was lost")
+
+    async def drain(self) -> None:
+        await self.a.drain()
+        await self.b.drain()
+
+    async def aclose(self) -> None:
+        await self.a.aclose()
+        await self.b.aclose()
+
+
+async def test_a_retry_never_runs_a_session_the_first_agent_took(stack: Any) -> None:
+    second = RolloutApp(failure_reward=-1.5)
+    second.rollout_entrypoint(wordle_app.handler)
+    runner = LostAnswerRunner(LocalRunner(wordle_app), LocalRunner(second), stack)
+    client = RolloutClient(
+        stack, runner=runner, group_size=2, sampling={"max_tokens": 48}, retry_backoff=0.05
+    )
+    (group,) = await client.arun(make_tasks(1, seed=21))
+    assert all(r.status == "completed" for r in group.rollouts)
+    assert runner.b_invoked == [] and second.completed == 0
+
+
+# -- rate limit, runner lifetime -----------------------------------------------------------------
+
+
+async def test_rate_limit_spaces_rollout_starts_end_to_end(stack: Any) -> None:
+    client = RolloutClient(stack, runner=LocalRunner(_delayed), group_size=3, rate_limit=10.0)
+    groups = await client.arun([{"id": "a", "delay": 0}, {"id": "b", "delay": 0}])
+    starts = sorted(r.created_at for g in groups for r in g.rollouts)
+    assert len(starts) == 6
+    assert starts[-1] - starts[0] >= 0.45  # 6 starts at 10/s: at least 5 intervals of 0.1 s
+
+
+def test_a_runner_built_from_a_spec_is_kept_across_runs_and_closed_with_the_client(
+    stack: Any,
+) -> None:
+    app = RolloutApp()
+    app.rollout_entrypoint(_delayed)
+    with RolloutClient(stack, runner="local", app=app, group_size=1) as client:
+        client.run([{"id": "a", "delay": 0}])
+        first = client._runner
+        client.run([{"id": "b", "delay": 0}])
+        assert first is not None and client._runner is first
+    assert client._runner is None

@@ -9,7 +9,13 @@ from typing import Any
 import openai
 import pytest
 
-from rollwire.context import async_openai_client, openai_client, rollout_context, rollout_model
+from rollwire.context import (
+    async_openai_client,
+    openai_client,
+    rollout_context,
+    rollout_create_kwargs,
+    rollout_model,
+)
 from rollwire.plugins import load_agent
 
 ROLLWIRE: dict[str, Any] = {
@@ -20,7 +26,8 @@ ROLLWIRE: dict[str, Any] = {
     "model": "policy-7b",
     "sampling": {"temperature": 0.7},
     "complete_url": "http://gw.test/api/sessions/sess/complete",
-    "deadline": time.time() + 100,
+    # far enough that a long suite run never reaches it (tests that need a near one set their own)
+    "deadline": time.time() + 3600,
     "group_id": "g1",
     "task_id": "t1",
 }
@@ -38,7 +45,7 @@ def test_rollout_context_is_a_typed_view() -> None:
     )
     assert ctx.sampling == {"temperature": 0.7}
     remaining = ctx.remaining()
-    assert remaining is not None and 0 < remaining <= 100
+    assert remaining is not None and 0 < remaining <= 3600
     assert rollout_context(ctx.to_payload() and {"_rollwire": ctx.to_payload()}) == ctx
     assert rollout_context({"prompt": "x"}) is None
     assert rollout_context("not a dict") is None
@@ -63,7 +70,7 @@ def test_openai_client_is_wired_to_the_session() -> None:
     assert client.api_key == "TOKEN"
     assert client.max_retries == 2
     assert client.default_headers["x-app"] == "1"
-    assert isinstance(client.timeout, float) and client.timeout <= 100
+    assert isinstance(client.timeout, float) and client.timeout <= 600
     aclient = async_openai_client(PAYLOAD)
     assert isinstance(aclient, openai.AsyncOpenAI) and aclient.api_key == "TOKEN"
     assert rollout_model(PAYLOAD, "gpt-4o") == "policy-7b"
@@ -100,3 +107,29 @@ def test_agent_side_imports_stay_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "", f"agent-side import pulled in: {out}"
+
+
+def test_a_production_timeout_never_outlasts_the_deadline() -> None:
+    soon = {**PAYLOAD, "_rollwire": {**ROLLWIRE, "deadline": time.time() + 5}}
+    client = openai_client(soon, timeout=600.0)
+    assert isinstance(client.timeout, float) and client.timeout <= 5
+    later = {**PAYLOAD, "_rollwire": {**ROLLWIRE, "deadline": time.time() + 3600}}
+    assert openai_client(later, timeout=30).timeout == 30  # shorter than the deadline: kept
+
+
+def test_rollout_create_kwargs_lays_the_session_over_production() -> None:
+    payload = {
+        "_rollwire": {**ROLLWIRE, "sampling": {"temperature": 0.7, "max_tokens": 64, "top_k": 20}}
+    }
+    got = rollout_create_kwargs(
+        payload, model="gpt-4o", temperature=0.0, extra_body={"min_p": 0.1}, tool_choice="auto"
+    )
+    assert got == {
+        "model": "policy-7b",
+        "temperature": 0.7,
+        "max_tokens": 64,
+        "tool_choice": "auto",
+        "extra_body": {"min_p": 0.1, "top_k": 20},
+    }
+    production = rollout_create_kwargs({"prompt": "p"}, model="gpt-4o", temperature=0.0)
+    assert production == {"model": "gpt-4o", "temperature": 0.0}

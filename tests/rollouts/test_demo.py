@@ -37,6 +37,58 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         assert any(f.name.startswith(name) for f in out.iterdir()), (
             f"no export for {name}: {result.output}"
         )
+    # an adapter whose framework is missing is named, not silently left out
+    for info in discover("trainers"):
+        if info.status == "missing" and not info.name.startswith("fixture-"):
+            assert f"{info.name}: skipped — install rollwire[{info.name}]" in result.output
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("agent", ["strands", "langgraph"])
+def test_demo_with_a_framework_agent(
+    agent: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)  # the framework agents live in examples/ of the repository
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(
+        cli, ["demo", "--agent", agent, "--tasks", "2", "--group-size", "2", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    rollouts = read_jsonl(out / "rollouts.jsonl")
+    assert len(rollouts) == 4 and all(r.status == "completed" and r.calls for r in rollouts)
+    assert all(r.reward is not None and r.reward > -1.5 for r in rollouts)
+
+
+def test_export_adapter_errors_are_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rollwire.plugins
+
+    class Broken:
+        def export(self, rollouts: object, out: Path) -> Path:
+            raise RuntimeError("the batch needs token ids (capture=tokens)")
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"")
+    monkeypatch.setattr(rollwire.plugins, "load_trainer", lambda name: Broken())
+    result = CliRunner().invoke(
+        cli, ["export", "--in", str(src), "--to", "broken", "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 1
+    assert "could not export" in result.output and "needs token ids" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_run_runner_errors_are_clean(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(orjson.dumps({"task_id": "w1", "secret": "crane"}) + b"\n")
+    args = [
+        "run", "--runner", "http:", "--tasks", str(tasks), "--backend", "embedded",
+        "--out", str(tmp_path / "out.jsonl"), "--no-progress",
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert "needs agent URLs" in result.output and "Traceback" not in result.output
 
 
 def test_demo_unknown_or_missing_agent_is_a_clear_error(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,9 +36,10 @@ def _check_wordle(groups: list[Group], n_groups: int, group_size: int) -> None:
             assert r.reward is not None and r.reward > -1.0 and r.calls  # valid guesses were made
 
 
-def test_http_runner_round_robins_over_agents(stack: Any) -> None:
+def test_http_runner_spreads_sessions_over_agents(stack: Any) -> None:
     second = RolloutApp(failure_reward=-1.5)
     second.rollout_entrypoint(wordle_app.handler)
+    before = wordle_app.completed
     with ServerThread(wordle_app) as a, ServerThread(second) as b:
         client = RolloutClient(
             stack,
@@ -45,8 +48,41 @@ def test_http_runner_round_robins_over_agents(stack: Any) -> None:
             sampling={"max_tokens": 48},
             deadline=60,
         )
-        _check_wordle(client.run(make_tasks(1, seed=11)), 1, 2)
-        assert wordle_app.completed >= 1 and second.completed >= 1
+        _check_wordle(client.run(make_tasks(2, seed=11)), 2, 2)
+        client.close()
+        assert (wordle_app.completed - before) + second.completed == 4
+
+
+async def test_http_runner_pins_a_session_to_one_agent() -> None:
+    runner = HttpRunner(["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    sids = [f"session-{i}" for i in range(64)]
+    assert {runner.url_for(s) for s in sids} == set(runner.urls)  # spread over the pool
+    assert all(runner.url_for(s) == runner.url_for(s) for s in sids)  # and stable
+    app = RolloutApp()
+    app.rollout_entrypoint(lambda p: 1.0)
+    with ServerThread(app) as server:
+        # an agent whose answer may have been lost keeps its session: retries go there again
+        async def lost(request: Request) -> Response:
+            await request.body()
+            return JSONResponse({"error": "bad gateway"}, status_code=502)
+
+        with ServerThread(Starlette(routes=[Route("/invocations", lost, methods=["POST"])])) as lb:
+            runner = HttpRunner([lb.url, server.url])
+            sid = next(s for s in sids if runner.url_for(s) == lb.url)
+            for _ in range(3):
+                with pytest.raises(RunnerError) as info:
+                    await runner.invoke({"x": 1}, sid)
+                assert info.value.retryable and runner.url_for(sid) == lb.url
+            await runner.aclose()
+        # a refused connection delivered nothing: only then does the session move on
+        runner = HttpRunner(["http://127.0.0.1:1", server.url])
+        sid = next(s for s in sids if runner.url_for(s) == "http://127.0.0.1:1")
+        with pytest.raises(RunnerError):
+            await runner.invoke({"x": 1}, sid)
+        assert runner.url_for(sid) == server.url
+        await runner.release(sid)
+        assert runner.url_for(sid) == "http://127.0.0.1:1"
+        await runner.aclose()
 
 
 async def test_http_runner_errors_are_infrastructure_errors() -> None:
@@ -82,6 +118,32 @@ async def test_rate_limiter_spaces_acquisitions() -> None:
     for _ in range(6):
         await limiter.acquire()
     assert loop.time() - t0 >= 0.09
+
+
+class _RecordingBotoClient:
+    """Stands in for boto3's ``bedrock-agentcore`` client: records when each invoke happened."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._lock = threading.Lock()
+
+    def invoke_agent_runtime(self, **kwargs: Any) -> dict[str, Any]:
+        with self._lock:
+            self.times.append(time.monotonic())
+        return {"statusCode": 200}
+
+    def stop_runtime_session(self, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+
+async def test_agentcore_runner_keeps_to_its_tps_limit() -> None:
+    pytest.importorskip("botocore")
+    boto = _RecordingBotoClient()
+    runner = AgentCoreRunner("arn:aws:bedrock-agentcore:us-east-1:1:runtime/x", tps=20, client=boto)
+    await asyncio.gather(*(runner.invoke({"n": i}, f"s{i}") for i in range(6)))
+    await runner.aclose()
+    times = sorted(boto.times)
+    assert len(times) == 6 and times[-1] - times[0] >= 0.2  # 6 calls at 20/s: 5 gaps of 50 ms
 
 
 class AgentCoreStandIn:
@@ -159,11 +221,28 @@ def test_agentcore_runner_through_boto3_against_a_local_stand_in(
     assert all(len(runtime_session_id(s)) >= 33 for s in sids)
 
 
-@pytest.mark.timeout(120)
-def test_ray_runner_runs_rollouts_as_ray_tasks(stack: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+CRASHING_AGENT = """
+import os
+from rollwire.app import RolloutApp
+
+app = RolloutApp()
+
+
+@app.rollout_entrypoint
+def play(payload):
+    os._exit(1)  # the worker process dies: no terminal record from the app
+"""
+
+
+@pytest.mark.timeout(180)
+def test_ray_runner_runs_rollouts_as_ray_tasks(
+    stack: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     pytest.importorskip("ray")
     # Under `uv run`, Ray would package the working tree and start every worker through uv.
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    (tmp_path / "crashing_agent.py").write_text(CRASHING_AGENT)
+    monkeypatch.syspath_prepend(str(tmp_path))  # workers get the driver's sys.path
     from rollwire.runners.ray import RayRunner
 
     runner = RayRunner(
@@ -174,5 +253,13 @@ def test_ray_runner_runs_rollouts_as_ray_tasks(stack: Any, monkeypatch: pytest.M
             stack, runner=runner, group_size=2, sampling={"max_tokens": 48}, deadline=90
         )
         _check_wordle(client.run(make_tasks(1, seed=13)), 1, 2)
+        # a dead worker is noticed when its task fails, not after deadline + grace
+        crashing = RayRunner("crashing_agent:app", failure_reward=-4.0)
+        client = RolloutClient(stack, runner=crashing, group_size=1, deadline=90)
+        t0 = time.monotonic()
+        ((r,),) = [g.rollouts for g in client.run([{"id": "t"}])]
+        assert time.monotonic() - t0 < 60
+        assert r.status == "failed" and r.reward == -4.0 and "Ray task" in (r.error or "")
+        asyncio.run(crashing.aclose())
     finally:
         asyncio.run(runner.aclose())

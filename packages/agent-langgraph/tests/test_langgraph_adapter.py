@@ -81,3 +81,12 @@ def test_production_is_untouched_without_a_session() -> None:
 def test_malformed_session_is_an_error() -> None:
     with pytest.raises(ValueError, match="_rollwire"):
         rollwire_langgraph.chat_model({"_rollwire": "nope"}, model="gpt-4o")
+
+
+@pytest.mark.parametrize("key", ["timeout", "request_timeout"])
+def test_a_production_timeout_never_outlasts_the_deadline(key: str) -> None:
+    import time
+
+    session = {**SESSION, "deadline": time.time() + 5}
+    model = rollwire_langgraph.chat_model({"_rollwire": session}, **{key: 600})
+    assert model.request_timeout <= 5

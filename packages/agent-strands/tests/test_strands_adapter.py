@@ -91,3 +91,13 @@ def test_production_is_untouched_without_a_session() -> None:
 def test_malformed_session_is_an_error() -> None:
     with pytest.raises(ValueError, match="_rollwire"):
         rollwire_strands.model({"_rollwire": {"base_url": "x"}}, model_id="gpt-4o")
+
+
+def test_a_production_timeout_never_outlasts_the_deadline() -> None:
+    import time
+
+    session = {**SESSION, "deadline": time.time() + 5}
+    model = rollwire_strands.model({"_rollwire": session}, client_args={"timeout": 600})
+    assert model.client_args["timeout"] <= 5
+    model = rollwire_strands.model({"_rollwire": SESSION}, client_args={"timeout": 30})
+    assert model.client_args["timeout"] == 30  # no deadline: production's own bound stays

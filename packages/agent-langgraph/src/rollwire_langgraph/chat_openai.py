@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rollwire.context import ROLLOUT_MAX_RETRIES, RolloutContext, rollout_context, split_sampling
+from rollwire.context import (
+    ROLLOUT_MAX_RETRIES,
+    RolloutContext,
+    rollout_context,
+    session_timeout,
+    split_sampling,
+)
 
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI
@@ -42,6 +48,7 @@ _ALIASES = {
     "openai_api_key": "api_key",
     "max_completion_tokens": "max_tokens",
     "stop_sequences": "stop",
+    "request_timeout": "timeout",
 }
 # Pre-built clients point at the production endpoint; the session needs its own.
 _PRODUCTION_ONLY = ("client", "async_client", "root_client", "root_async_client")
@@ -59,7 +66,8 @@ def session_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) ->
     kwargs["use_responses_api"] = False
     kwargs["stream_usage"] = True
     kwargs["max_retries"] = ROLLOUT_MAX_RETRIES
-    kwargs.setdefault("timeout", ctx.call_timeout())
+    # a production timeout is kept, but never past the rollout's deadline
+    kwargs["timeout"] = session_timeout(ctx, kwargs.get("timeout"))
     return split_sampling(ctx.sampling, _CHAT_OPENAI_FIELDS, kwargs)
 
 

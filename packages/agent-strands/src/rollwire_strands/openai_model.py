@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rollwire.context import ROLLOUT_MAX_RETRIES, rollout_context, split_sampling
+from rollwire.context import ROLLOUT_MAX_RETRIES, rollout_context, session_timeout, split_sampling
 
 if TYPE_CHECKING:
     from strands.models.openai import OpenAIModel
@@ -65,7 +65,8 @@ def model(payload: Mapping[str, Any], **production_kwargs: Any) -> OpenAIModel:
     client_args["base_url"] = ctx.base_url
     client_args["api_key"] = ctx.api_key
     client_args["max_retries"] = ROLLOUT_MAX_RETRIES
-    client_args.setdefault("timeout", ctx.call_timeout())
+    # a production timeout is kept, but never past the rollout's deadline
+    client_args["timeout"] = session_timeout(ctx, client_args.get("timeout"))
     kwargs["model_id"] = ctx.model
     kwargs["params"] = session_params(ctx.sampling, kwargs.get("params"))
     return OpenAIModel(client_args=client_args, **kwargs)

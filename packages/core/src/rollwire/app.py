@@ -8,7 +8,8 @@ A payload with ``_rollwire`` is a rollout: the invocation answers ``{"status": "
 once, the handler runs in the background, and its reward is posted to ``complete_url``. Every
 rollout ends with exactly one terminal record, also when the handler raises, overruns its
 deadline, returns no valid reward, or the process shuts down. A payload without ``_rollwire`` runs
-in the foreground and returns the handler's result, as in production.
+in the foreground and returns the handler's result, as in production; a generator handler (``yield``
+events) is streamed as server-sent events, like AgentCore does.
 
 Imports stay light (no gateway, engine or NumPy): this module runs inside agent containers.
 """
@@ -20,18 +21,20 @@ import contextlib
 import functools
 import importlib
 import inspect
+import json
 import logging
 import math
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rollwire.context import PAYLOAD_KEY, RolloutContext, rollout_context
@@ -45,6 +48,9 @@ SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
 
 Handler = Callable[..., Any]
 TerminalStatus = Literal["completed", "failed", "timeout", "cancelled"]
+T = TypeVar("T")
+#: How many finished session ids an app remembers, so a late duplicate invocation is not rerun.
+_FINISHED_MEMORY = 10_000
 
 
 @dataclass
@@ -78,6 +84,10 @@ class RolloutOutcome:
 
 
 class _InvalidReward(ValueError):
+    pass
+
+
+class _HandlerTimeout(Exception):
     pass
 
 
@@ -116,12 +126,142 @@ def _outcome_from_result(result: Any) -> tuple[float, dict[str, float]]:
     return value, metrics
 
 
+def _is_reward(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return "reward" in value
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+async def _last_reward_async(events: Any) -> Any:
+    """Consume an async generator handler; its result is the last reward-shaped value it yielded."""
+    result: Any = None
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if _is_reward(event):
+                result = event
+    return result
+
+
+def _last_reward_sync(events: Any) -> Any:
+    """The sync twin of :func:`_last_reward_async` (a generator is consumed on its thread)."""
+    if not inspect.isgenerator(events):
+        return events
+    result: Any = None
+    with contextlib.closing(events):
+        for event in events:
+            if _is_reward(event):
+                result = event
+    return result
+
+
+def _sse(event: Any) -> str:
+    """One server-sent event, as AgentCore frames a yielded value."""
+    return f"data: {json.dumps(event, ensure_ascii=False, default=str)}\n\n"
+
+
+def _sse_error(exc: Exception) -> str:
+    log.exception("streaming invocation failed")
+    return _sse({"error": f"{type(exc).__name__}: {exc}", "error_type": type(exc).__name__})
+
+
+async def _sse_async(events: Any) -> AsyncIterator[str]:
+    async with contextlib.aclosing(events):
+        try:
+            async for event in events:
+                yield _sse(event)
+        except Exception as exc:
+            yield _sse_error(exc)
+
+
+def _sse_sync(events: Any) -> Iterator[str]:
+    with contextlib.closing(events):
+        try:
+            for event in events:
+                yield _sse(event)
+        except Exception as exc:
+            yield _sse_error(exc)
+
+
+class _HandlerThreads:
+    """Runs sync handlers on daemon threads, at most ``limit`` at once.
+
+    A Python thread cannot be killed: a sync handler that overruns its deadline (or outlives a
+    shutdown) runs on and keeps its slot until it returns. Daemon threads never hold up process
+    exit, unlike ``ThreadPoolExecutor`` workers, which the interpreter joins at exit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_threads must be at least 1, got {limit}")
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+        self._alive = 0
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> int:
+        """Handler threads running now (including ones whose rollout already ended)."""
+        return self._alive
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on a new daemon thread once a slot is free; cancelling leaves it running."""
+        delay = 0.005
+        while not self._slots.acquire(blocking=False):  # a threading semaphore: loop-agnostic
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if future.done():  # the awaiting rollout was cancelled or timed out
+                return
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+        def target() -> None:
+            ok: bool
+            value: Any
+            try:
+                ok, value = True, fn()
+            except BaseException as exc:  # handed to the awaiting coroutine
+                ok, value = False, exc
+            finally:
+                with self._lock:
+                    self._alive -= 1
+                self._slots.release()
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+                loop.call_soon_threadsafe(settle, ok, value)
+
+        with self._lock:
+            self._alive += 1
+        try:
+            threading.Thread(target=target, name="rollout-handler", daemon=True).start()
+        except BaseException:
+            with self._lock:
+                self._alive -= 1
+            self._slots.release()
+            raise
+        return await future
+
+
+@dataclass
+class _ReportState:
+    """Whether the gateway holds a terminal record of this rollout (ours, or one that won)."""
+
+    accepted: bool = False
+
+
 class RolloutApp:
     """AgentCore-compatible ASGI app whose entrypoint doubles as an RL rollout worker.
 
-    ``failure_reward`` is reported for failed, timed-out and cancelled rollouts; ``max_threads``
-    bounds how many sync handlers run at once; ``post_retries`` is how often a terminal record is
-    retried (with backoff) before it is given up on and logged.
+    ``failure_reward`` is reported for failed, timed-out and cancelled rollouts. ``max_threads``
+    bounds how many sync handlers run at once (a sync handler's thread cannot be killed: one that
+    overruns its deadline keeps its slot until it returns). A terminal record is posted with
+    retries (bounded backoff) for at least ``post_retries`` retries and until ``report_grace``
+    seconds past the rollout's deadline. On shutdown, all remaining records share one budget of
+    ``shutdown_timeout`` seconds (Kubernetes gives a pod 30 s after SIGTERM).
     """
 
     def __init__(
@@ -131,6 +271,8 @@ class RolloutApp:
         max_threads: int = 64,
         post_retries: int = 4,
         post_timeout: float = 10.0,
+        report_grace: float = 10.0,
+        shutdown_timeout: float = 10.0,
         debug: bool = False,
     ) -> None:
         if not math.isfinite(failure_reward):
@@ -139,12 +281,16 @@ class RolloutApp:
         self.max_threads = max_threads
         self.post_retries = post_retries
         self.post_timeout = post_timeout
+        self.report_grace = report_grace
+        self.shutdown_timeout = shutdown_timeout
         self.debug = debug
         self._handler: Handler | None = None
         self._takes_context = False
-        self._is_async = False
         self._running: dict[str, asyncio.Task[None]] = {}
-        self._executor: ThreadPoolExecutor | None = None
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._final_posts: set[asyncio.Task[bool]] = set()
+        self._stop_at: float | None = None
+        self._threads = _HandlerThreads(max_threads)
         self._http: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._last_update = int(time.time())
         self.completed: int = 0
@@ -160,7 +306,8 @@ class RolloutApp:
     # -- registration -------------------------------------------------------------------------
 
     def rollout_entrypoint(self, fn: Handler) -> Handler:
-        """Register ``fn(payload[, context])`` (sync or async) as the app's entrypoint."""
+        """Register ``fn(payload[, context])`` as the app's entrypoint: sync or async, a plain
+        function or a generator (``yield`` events; see :meth:`_call_handler` for rollouts)."""
         params = [
             p
             for p in inspect.signature(fn).parameters.values()
@@ -170,7 +317,6 @@ class RolloutApp:
             raise TypeError(f"entrypoint {fn.__name__} must take the payload as its first argument")
         self._handler = fn
         self._takes_context = len(params) >= 2
-        self._is_async = inspect.iscoroutinefunction(fn)
         return fn
 
     #: AgentCore's decorator name, so ``BedrockAgentCoreApp`` code changes only its constructor.
@@ -206,17 +352,27 @@ class RolloutApp:
 
     # -- running handlers -----------------------------------------------------------------------
 
-    async def _call_handler(self, payload: Any, ctx: InvocationContext) -> Any:
+    async def _call_handler(
+        self, payload: Any, ctx: InvocationContext, *, rollout: bool = False
+    ) -> Any:
+        """Call the entrypoint: async functions on the loop, sync ones on a handler thread.
+
+        In production a generator's events are returned unconsumed (they are streamed). In a
+        rollout the generator is run to its end and the result is the last value it yielded that
+        is a number or a dict with ``"reward"`` (so an agent that streams progress still reports).
+        """
         fn = self.handler
         args: tuple[Any, ...] = (payload, ctx) if self._takes_context else (payload,)
-        if self._is_async:
-            return await fn(*args)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.max_threads, thread_name_prefix="rollout")
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, functools.partial(fn, *args))
-        if inspect.isawaitable(result):  # a sync function that returned a coroutine
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            result = fn(*args)
+        elif rollout:  # a sync generator is consumed on its thread too
+            result = await self._threads.run(lambda: _last_reward_sync(fn(*args)))
+        else:
+            result = await self._threads.run(functools.partial(fn, *args))
+        if inspect.isawaitable(result):  # an async function, or a sync one returning a coroutine
             result = await result
+        if rollout and inspect.isasyncgen(result):
+            result = await _last_reward_async(result)
         return result
 
     async def start_rollout(
@@ -228,14 +384,14 @@ class RolloutApp:
         """Start the rollout in ``payload`` in the background; returns the ``accepted`` answer.
 
         Used by ``POST /invocations`` and by the in-process :class:`~rollwire.runners.LocalRunner`.
-        An invocation for a session that already runs is acknowledged, not started twice.
+        An invocation for a session that runs, or already ran here, is acknowledged, not run again.
         """
         rc = rollout_context(payload)
         if rc is None:
             raise ValueError(f"not a rollout payload: no {PAYLOAD_KEY!r} key")
         self.handler  # noqa: B018 - fail here, not in the background, when nothing is registered
         sid = rc.session_id
-        if sid not in self._running:
+        if sid not in self._running and sid not in self._finished:
             ctx = InvocationContext(
                 session_id=session_id or sid, headers=dict(headers or {}), rollout=rc
             )
@@ -250,6 +406,9 @@ class RolloutApp:
     def _forget(self, sid: str, task: asyncio.Task[None]) -> None:
         if self._running.get(sid) is task:
             del self._running[sid]
+        self._finished[sid] = None
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
         self._touch()
 
     def _touch(self) -> None:
@@ -258,38 +417,65 @@ class RolloutApp:
     async def _run_rollout(
         self, payload: Mapping[str, Any], ctx: InvocationContext, rc: RolloutContext
     ) -> None:
-        outcome: RolloutOutcome
+        state = _ReportState()
+        outcome: RolloutOutcome | None = None
+        try:
+            outcome = await self._outcome(payload, ctx, rc)
+            loop = asyncio.get_running_loop()
+            remaining = rc.remaining()
+            give_up_at = None if remaining is None else loop.time() + remaining + self.report_grace
+            await self._report(rc, outcome, state, give_up_at=give_up_at)
+        except asyncio.CancelledError:
+            # Cancelled at any point (shutdown, or a caller's cancel), also mid-post or in a
+            # backoff: the gateway still gets one record, within the shutdown budget. A result
+            # the handler already produced is posted as it is, not thrown away.
+            if not state.accepted:
+                final = outcome or RolloutOutcome(
+                    "cancelled",
+                    self.failure_reward,
+                    error="rollout cancelled: the agent process shut down",
+                )
+                post = asyncio.get_running_loop().create_task(self._final_report(rc, final, state))
+                self._final_posts.add(post)
+                post.add_done_callback(self._final_posts.discard)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(post)  # cancelled again: the post goes on regardless
+            raise
+
+    async def _outcome(
+        self, payload: Mapping[str, Any], ctx: InvocationContext, rc: RolloutContext
+    ) -> RolloutOutcome:
+        """Run the handler under the deadline and turn whatever happens into a terminal record."""
         try:
             remaining = rc.remaining()
             if remaining is not None and remaining <= 0:
                 raise asyncio.TimeoutError
-            result = await asyncio.wait_for(self._call_handler(payload, ctx), timeout=remaining)
+            result = await asyncio.wait_for(self._guarded(payload, ctx), timeout=remaining)
             reward, metrics = _outcome_from_result(result)
-            outcome = RolloutOutcome("completed", reward, metrics)
-        except asyncio.CancelledError:
-            await self._report(
-                rc,
-                RolloutOutcome(
-                    "cancelled",
-                    self.failure_reward,
-                    error="rollout cancelled: the agent process shut down",
-                ),
-            )
-            raise
+            return RolloutOutcome("completed", reward, metrics)
         except asyncio.TimeoutError:
-            outcome = RolloutOutcome(
+            return RolloutOutcome(
                 "failed",
                 self.failure_reward,
                 error=f"deadline exceeded: the rollout ran past its deadline ({rc.deadline})",
             )
+        except _HandlerTimeout as exc:  # the handler's own timeout, not the deadline
+            return self._failed(rc, exc.__cause__ or exc)
         except _InvalidReward as exc:
-            outcome = RolloutOutcome("failed", self.failure_reward, error=f"invalid reward: {exc}")
+            return RolloutOutcome("failed", self.failure_reward, error=f"invalid reward: {exc}")
         except Exception as exc:
-            log.warning("rollout %s failed: %s: %s", rc.session_id, type(exc).__name__, exc)
-            outcome = RolloutOutcome(
-                "failed", self.failure_reward, error=f"{type(exc).__name__}: {exc}"
-            )
-        await self._report(rc, outcome)
+            return self._failed(rc, exc)
+
+    async def _guarded(self, payload: Mapping[str, Any], ctx: InvocationContext) -> Any:
+        # a TimeoutError of the handler itself must not read as the deadline's (wait_for's)
+        try:
+            return await self._call_handler(payload, ctx, rollout=True)
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            raise _HandlerTimeout(str(exc)) from exc
+
+    def _failed(self, rc: RolloutContext, exc: BaseException) -> RolloutOutcome:
+        log.warning("rollout %s failed: %s: %s", rc.session_id, type(exc).__name__, exc)
+        return RolloutOutcome("failed", self.failure_reward, error=f"{type(exc).__name__}: {exc}")
 
     async def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -302,41 +488,90 @@ class RolloutApp:
             self._http[loop] = client
         return client
 
-    async def _report(self, rc: RolloutContext, outcome: RolloutOutcome) -> bool:
-        """Post the terminal record, retrying transport errors, 429 and 5xx with backoff."""
-        headers = {"Authorization": f"Bearer {rc.api_key}"}
+    async def _post_once(
+        self, rc: RolloutContext, body: dict[str, Any], timeout: float
+    ) -> tuple[int, str]:
+        client = await self._client()
+        async with client.post(
+            rc.complete_url,
+            json=body,
+            headers={"Authorization": f"Bearer {rc.api_key}"},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            if resp.status < 300 or resp.status == 409:
+                return resp.status, ""
+            return resp.status, (await resp.text())[:200]
+
+    async def _report(
+        self,
+        rc: RolloutContext,
+        outcome: RolloutOutcome,
+        state: _ReportState,
+        *,
+        give_up_at: float | None,
+        min_retries: int | None = None,
+        max_delay: float = 5.0,
+    ) -> bool:
+        """Post the terminal record, retrying transport errors, 429 and 5xx with bounded backoff:
+        at least ``min_retries`` retries (default ``post_retries``) and on until ``give_up_at``
+        (loop time). True once the gateway holds our record; 4xx other than 429 is final."""
+        loop = asyncio.get_running_loop()
+        retries = self.post_retries if min_retries is None else min_retries
         body = outcome.body()
         delay = 0.2
         last = ""
-        for attempt in range(self.post_retries + 1):
+        attempt = 0
+        while True:
+            timeout = self.post_timeout
+            if give_up_at is not None and attempt >= retries:
+                timeout = min(timeout, give_up_at - loop.time())
+            if timeout <= 0:
+                break
             try:
-                client = await self._client()
-                async with client.post(rc.complete_url, json=body, headers=headers) as resp:
-                    status, text = resp.status, await resp.text()
+                status, text = await self._post_once(rc, body, timeout)
                 if status < 300:
+                    state.accepted = True
                     self.completed += 1
                     return True
                 if status == 409:  # already terminal with another record: nothing to add
+                    state.accepted = True
                     log.warning(
                         "rollout %s: gateway already holds a different terminal record",
                         rc.session_id,
                     )
                     return False
-                last = f"HTTP {status}: {text[:200]}"
+                last = f"HTTP {status}: {text}"
                 if status < 500 and status != 429:
                     break
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-            if attempt < self.post_retries:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2.5, 5.0)
+            attempt += 1
+            past_minimum = attempt > retries
+            if past_minimum and (give_up_at is None or loop.time() + delay >= give_up_at):
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
         log.error(
-            "rollout %s: could not post its terminal record to %s: %s",
+            "rollout %s: could not post its terminal record (%s) to %s: %s",
             rc.session_id,
+            outcome.status,
             rc.complete_url,
-            last,
+            last or "out of time",
         )
         return False
+
+    async def _final_report(
+        self, rc: RolloutContext, outcome: RolloutOutcome, state: _ReportState
+    ) -> bool:
+        """The record of a cancelled rollout, within the shutdown budget that every such post
+        shares (or ``shutdown_timeout`` from now when no shutdown is under way)."""
+        loop = asyncio.get_running_loop()
+        stop_at = (
+            self._stop_at if self._stop_at is not None else loop.time() + self.shutdown_timeout
+        )
+        return await self._report(
+            rc, outcome, state, give_up_at=stop_at, min_retries=0, max_delay=1.0
+        )
 
     async def run_rollout(self, payload: Mapping[str, Any], session_id: str | None = None) -> None:
         """Run one rollout to its end in the current event loop (Ray workers use this)."""
@@ -362,16 +597,30 @@ class RolloutApp:
             await client.close()
 
     async def shutdown(self) -> None:
-        """Cancel running rollouts, wait for their ``cancelled`` records, close HTTP clients."""
-        tasks = list(self._running.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        await self.close_http()
-        if self._executor is not None and not self._running:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Cancel running rollouts and post their records, all within ``shutdown_timeout``
+        seconds together; close HTTP clients. Sync handler threads are not waited for (they cannot
+        be stopped, and being daemon threads they do not hold up the process's exit)."""
+        loop = asyncio.get_running_loop()
+        self._stop_at = loop.time() + self.shutdown_timeout
+        try:
+            tasks = list(self._running.values())
+            for task in tasks:
+                task.cancel()
+            pending: set[asyncio.Future[Any]] = {*tasks, *self._final_posts}
+            if pending:
+                # every post gives up at _stop_at by itself; the margin covers the last attempt
+                _, late = await asyncio.wait(pending, timeout=self.shutdown_timeout + 1.0)
+                for task in late:
+                    task.cancel()
+                if late:
+                    log.error(
+                        "shutdown: %d rollout(s) did not post their record within %.0fs",
+                        len(late),
+                        self.shutdown_timeout,
+                    )
+            await self.close_http()
+        finally:
+            self._stop_at = None
 
     # -- HTTP -----------------------------------------------------------------------------------
 
@@ -410,6 +659,10 @@ class RolloutApp:
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
         if isinstance(result, Response):
             return result
+        if inspect.isasyncgen(result):  # AgentCore streams a generator's events as SSE
+            return StreamingResponse(_sse_async(result), media_type="text/event-stream")
+        if inspect.isgenerator(result):  # iterated on Starlette's thread pool
+            return StreamingResponse(_sse_sync(result), media_type="text/event-stream")
         return JSONResponse(result)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -3,7 +3,9 @@
 For every task, :class:`RolloutClient` creates N sessions sharing a ``group_id``, builds each
 payload (the task plus ``_rollwire``, DESIGN §7), hands it to a runner, waits on the gateway until
 the rollout is terminal and fetches it. Failed rollouts are kept, with their status and the failure
-reward, never dropped; a whole group is dropped only with ``drop_failed_groups=True``.
+reward, never dropped; a whole group is dropped only with ``drop_failed_groups=True``. One rollout's
+error (a runner bug, a control-plane call that keeps failing) fails that rollout only; the run is
+aborted only when the gateway stays unreachable for ``gateway_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rollwire.runners.base import RateLimiter, Runner, RunnerError
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-__all__ = ["RolloutClient", "RunStats", "task_id_of"]
+__all__ = ["GatewayUnavailable", "RolloutClient", "RunStats", "task_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,17 @@ def task_id_of(task: Mapping[str, Any], index: int) -> str:
     return str(index)
 
 
+class GatewayUnavailable(RuntimeError):
+    """The gateway stayed unreachable longer than ``gateway_timeout``: the run was aborted.
+
+    ``groups`` holds the groups that were complete before the abort (in task order for ``run``).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.groups: list[Group] = []
+
+
 @dataclass
 class RunStats:
     """Counters of the last run (``RolloutClient.stats``)."""
@@ -51,7 +64,9 @@ class RunStats:
     groups: int = 0
     dropped_groups: int = 0
     infra_retries: int = 0
+    gateway_retries: int = 0
     undeliverable: int = 0
+    client_errors: int = 0
     client_timeouts: int = 0
     calls: int = 0
     wall_s: float = 0.0
@@ -67,6 +82,9 @@ class RolloutClient:
     needs ``app``; ``ray`` needs ``app_path``). ``deadline`` is seconds per rollout; the agent
     enforces it and the client gives up ``deadline_grace`` seconds later. Only invocations the
     runner could not deliver are retried (``infra_retries`` times) — never a failed rollout.
+    Control-plane calls are retried while the gateway is unreachable, for up to
+    ``gateway_timeout`` seconds; after that the run is aborted with :class:`GatewayUnavailable`.
+    A runner built from a spec is kept across runs; :meth:`close`/:meth:`aclose` release it.
     """
 
     def __init__(
@@ -88,6 +106,7 @@ class RolloutClient:
         deadline_grace: float = 15.0,
         infra_retries: int = 2,
         retry_backoff: float = 0.5,
+        gateway_timeout: float = 60.0,
         failure_reward: float = 0.0,
         drop_failed_groups: bool = False,
         progress: bool = False,
@@ -110,12 +129,14 @@ class RolloutClient:
         self.deadline_grace = deadline_grace
         self.infra_retries = infra_retries
         self.retry_backoff = retry_backoff
+        self.gateway_timeout = gateway_timeout
         self.failure_reward = failure_reward
         self.drop_failed_groups = drop_failed_groups
         self.progress = progress
         self.session_options = dict(session_options or {})
         self.stats = RunStats()
         self._runner_spec = runner
+        self._runner: Runner | None = None  # built from a spec, kept across runs
         self._app = app
         self._app_path = app_path
         self._embedded: Any = None
@@ -140,7 +161,29 @@ class RolloutClient:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the embedded gateway, if this client started one."""
+        """Close the runner this client built and stop the embedded gateway it started."""
+        if self._runner is not None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                asyncio.run(self._close_runner())
+            else:
+                log.warning(
+                    "RolloutClient.close() inside an event loop: use `await client.aclose()`"
+                )
+        self._stop_embedded()
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        await self._close_runner()
+        self._stop_embedded()
+
+    async def _close_runner(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.aclose()
+
+    def _stop_embedded(self) -> None:
         if self._embedded is not None:
             self._embedded.stop()
             self._embedded = None
@@ -155,7 +198,7 @@ class RolloutClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.aclose()
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -174,8 +217,12 @@ class RolloutClient:
         task_list = list(tasks)
         done: dict[str, Group] = {}
         order: list[str] = []
-        async for group in self._stream(task_list, order):
-            done[group.group_id] = group
+        try:
+            async for group in self._stream(task_list, order):
+                done[group.group_id] = group
+        except GatewayUnavailable as exc:
+            exc.groups = [done[gid] for gid in order if gid in done]
+            raise
         return [done[gid] for gid in order if gid in done]
 
     async def stream(self, tasks: Iterable[Mapping[str, Any]]) -> AsyncIterator[Group]:
@@ -185,25 +232,28 @@ class RolloutClient:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _make_runner(self) -> tuple[Runner, bool]:
+    def _get_runner(self) -> tuple[Runner, bool]:
         if not isinstance(self._runner_spec, str):
             return self._runner_spec, False
-        from rollwire.runners import make_runner
+        if self._runner is None:
+            from rollwire.runners import make_runner
 
-        return make_runner(self._runner_spec, app=self._app, app_path=self._app_path), True
+            self._runner = make_runner(self._runner_spec, app=self._app, app_path=self._app_path)
+        return self._runner, True
 
     async def _stream(
         self, tasks: list[Mapping[str, Any]], order: list[str]
     ) -> AsyncIterator[Group]:
         self.stats = RunStats()
         started = time.monotonic()
-        runner, owned = self._make_runner()
+        runner, owned = self._get_runner()
         gw = _ControlPlane(self.gateway_url, self.admin_key, self.concurrency)
         sem = asyncio.Semaphore(self.concurrency)
         limiter = RateLimiter(self.rate_limit)
         progress, bar = self._progress(len(tasks) * self.group_size)
         tick: Callable[[Rollout], None] = lambda r: self._tick(progress, bar, r)  # noqa: E731
         jobs: list[asyncio.Task[Group]] = []
+        clean = False
         try:
             for i, task in enumerate(tasks):
                 if not isinstance(task, Mapping):
@@ -223,6 +273,10 @@ class RolloutClient:
                     self.stats.dropped_groups += 1
                     continue
                 yield group
+            clean = True
+        except GatewayUnavailable as exc:
+            log.error("%s", exc)
+            raise
         finally:
             for job in jobs:
                 job.cancel()
@@ -230,8 +284,8 @@ class RolloutClient:
                 await asyncio.gather(*jobs, return_exceptions=True)
             if progress is not None:
                 progress.stop()
-            if owned:
-                await runner.aclose()
+            if owned and not clean:  # rollouts may still run: cancel them (terminal records too)
+                await self._close_runner()
             elif (drain := getattr(runner, "drain", None)) is not None:
                 await drain()
             await gw.aclose()
@@ -304,7 +358,9 @@ class RolloutClient:
     ) -> Rollout:
         async with sem:
             await limiter.acquire()
-            handle = await self._retry(
+            # A session the gateway refuses to create (4xx) is a configuration error that every
+            # rollout would hit: it ends the run, like a gateway that stays unreachable.
+            handle = await self._gateway(
                 "create a session",
                 lambda: gw.create_session(
                     group_id=group_id,
@@ -331,18 +387,25 @@ class RolloutClient:
                 "group_id": group_id,
                 "task_id": task_id,
             }
-            problem = await self._deliver(runner, payload, sid)
-            if problem is not None:
-                self.stats.undeliverable += 1
+            try:
+                problem = await self._deliver(gw, runner, payload, sid)
+                if problem is not None:
+                    self.stats.undeliverable += 1
+                    await self._complete(
+                        gw, sid, "failed", f"the runner could not reach the agent: {problem}"
+                    )
+                else:
+                    await self._wait(gw, sid, deadline_at)
+            except GatewayUnavailable:
+                raise
+            except Exception as exc:  # this rollout's problem, not the run's
+                self.stats.client_errors += 1
+                log.warning("rollout %s failed in the client: %s: %s", sid, type(exc).__name__, exc)
                 await self._complete(
-                    gw, sid, "failed", f"the runner could not reach the agent: {problem}"
+                    gw, sid, "failed", f"rollout client error: {type(exc).__name__}: {exc}"
                 )
-            else:
-                await self._wait(gw, sid, deadline_at)
-            release = getattr(runner, "release", None)
-            if release is not None:
-                await release(sid)
-            rollout: Rollout = await self._retry("fetch the rollout", lambda: gw.rollout(sid))
+            await self._release(runner, sid)
+            rollout = await self._fetch(gw, sid)
             if rollout.task is None:
                 rollout.task = task
             if rollout.group_id is None:
@@ -352,10 +415,22 @@ class RolloutClient:
             tick(rollout)
             return rollout
 
-    async def _deliver(self, runner: Runner, payload: dict[str, Any], sid: str) -> str | None:
-        """Invoke with retries of infrastructure errors; the last error text, or None on success."""
+    async def _deliver(
+        self, gw: _ControlPlane, runner: Runner, payload: dict[str, Any], sid: str
+    ) -> str | None:
+        """Invoke with retries of infrastructure errors; the last error text, or None on success.
+
+        Before a retry the session is looked up: an agent that took the earlier invocation after
+        all (the answer was lost: a read timeout, a load balancer's 502) has made calls or
+        reported, and is not invoked again — one session never runs on two agents.
+        """
         delay = self.retry_backoff
         for attempt in range(self.infra_retries + 1):
+            if attempt > 0:
+                info = await self._gateway("look up the session", lambda: gw.session(sid))
+                if info.terminal or info.num_calls > 0:
+                    log.info("rollout %s: the agent took the earlier invocation; not retrying", sid)
+                    return None
             try:
                 await runner.invoke(payload, sid)
                 return None
@@ -367,6 +442,15 @@ class RolloutClient:
             await asyncio.sleep(delay)
             delay *= 2
         return "unreachable"
+
+    async def _release(self, runner: Runner, sid: str) -> None:
+        release = getattr(runner, "release", None)
+        if release is None:
+            return
+        try:
+            await release(sid)
+        except Exception as exc:  # freeing runner resources is best effort
+            log.warning("rollout %s: runner.release failed: %s: %s", sid, type(exc).__name__, exc)
 
     async def _wait(self, gw: _ControlPlane, sid: str, deadline_at: float) -> None:
         give_up = deadline_at + self.deadline_grace
@@ -382,31 +466,76 @@ class RolloutClient:
                 )
                 return
             wait = functools.partial(gw.wait, sid, timeout=max(0.1, min(left, 60.0)))
-            info = await self._retry("wait for the rollout", wait)
+            info = await self._gateway("wait for the rollout", wait)
             if info.status in TERMINAL_STATUSES:
                 return
 
     async def _complete(self, gw: _ControlPlane, sid: str, status: str, error: str) -> None:
+        """Record a failure the client saw; a 409 means the agent's record arrived first."""
         try:
-            await gw.complete(sid, reward=self.failure_reward, status=status, error=error)
-        except Exception as exc:  # 409: the agent's record arrived first, which is fine
-            log.info("rollout %s: could not record %s (%s)", sid, status, exc)
+            await self._gateway(
+                f"record the rollout as {status}",
+                lambda: gw.complete(sid, reward=self.failure_reward, status=status, error=error),
+            )
+        except GatewayUnavailable:
+            raise
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 409:
+                log.warning("rollout %s: could not record %s: %s", sid, status, exc)
 
-    async def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Gateway control-plane calls: retried on transport errors with backoff."""
+    async def _fetch(self, gw: _ControlPlane, sid: str) -> Rollout:
+        """The rollout from the gateway; a local ``failed`` one when it cannot be read or is not
+        terminal (never a running rollout handed to the trainer as if it were done)."""
+        try:
+            rollout: Rollout = await self._gateway("fetch the rollout", lambda: gw.rollout(sid))
+        except GatewayUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("rollout %s: could not fetch it (%s); kept as failed", sid, exc)
+            return Rollout(
+                rollout_id=sid,
+                status="failed",
+                reward=self.failure_reward,
+                error=f"the rollout could not be fetched from the gateway: {exc}",
+            )
+        if not rollout.terminal:
+            log.warning(
+                "rollout %s: the gateway holds no terminal record (status %s); kept as failed",
+                sid,
+                rollout.status,
+            )
+            rollout.error = f"no terminal record on the gateway (status was {rollout.status!r})"
+            rollout.status = "failed"
+            rollout.reward = self.failure_reward
+        return rollout
+
+    async def _gateway(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A control-plane call, retried with backoff while the gateway is unreachable (transport
+        errors, 5xx, 429) for up to ``gateway_timeout`` seconds; then :class:`GatewayUnavailable`.
+        Other errors are raised at once, with what was being done."""
         delay = self.retry_backoff
-        for attempt in range(self.infra_retries + 2):
+        first_failure: float | None = None
+        while True:
             try:
                 return await fn()
             except Exception as exc:
-                if not _transient(exc) or attempt == self.infra_retries + 1:
-                    raise RuntimeError(
-                        f"could not {what} on the gateway {self.gateway_url}: {exc}"
+                if not _transient(exc):
+                    raise _GatewayError(
+                        getattr(exc, "status_code", 0) or 0,
+                        f"could not {what} on the gateway {self.gateway_url}: {exc}",
                     ) from exc
-                self.stats.infra_retries += 1
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                down = now - first_failure
+                if down + delay > self.gateway_timeout:
+                    raise GatewayUnavailable(
+                        f"aborting the run: the gateway {self.gateway_url} has been unreachable "
+                        f"for {down:.0f}s (gateway_timeout={self.gateway_timeout:g}s) while trying "
+                        f"to {what}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                self.stats.gateway_retries += 1
                 await asyncio.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+                delay = min(delay * 2, 5.0)
 
 
 class _ControlPlane:
@@ -435,13 +564,19 @@ class _ControlPlane:
         ) as resp:
             body = await resp.read()
             if resp.status >= 400:
-                raise _GatewayError(resp.status, body.decode("utf-8", "replace")[:500])
+                text = body.decode("utf-8", "replace")[:500]
+                raise _GatewayError(resp.status, f"HTTP {resp.status}: {text}")
             return body
 
     async def create_session(self, **fields: Any) -> SessionHandle:
         body = {k: v for k, v in fields.items() if v is not None}
         return SessionHandle.model_validate_json(
             await self._req("POST", "/api/sessions", json=body)
+        )
+
+    async def session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.model_validate_json(
+            await self._req("GET", f"/api/sessions/{session_id}")
         )
 
     async def wait(self, session_id: str, timeout: float = 30.0) -> SessionInfo:
@@ -468,7 +603,7 @@ class _ControlPlane:
 
 class _GatewayError(RuntimeError):
     def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(f"HTTP {status_code}: {message}")
+        super().__init__(message)
         self.status_code = status_code
 
 

@@ -92,8 +92,9 @@ def run(
 ) -> None:
     """Run tasks as groups of rollouts through a gateway and write them to a JSONL file."""
     from rollwire.app import load_app
-    from rollwire.client import RolloutClient
+    from rollwire.client import GatewayUnavailable, RolloutClient
     from rollwire.dataset import write_jsonl
+    from rollwire.runners import RunnerError
 
     if capture not in ("passthrough", "tokens"):
         raise _fail(f"--capture must be passthrough or tokens, got {capture!r}")
@@ -147,7 +148,15 @@ def run(
         except (ValueError, TypeError, ImportError) as exc:
             raise _fail(str(exc)) from exc
         stack.callback(client.close)
-        groups = client.run(task_list)
+        try:
+            groups = client.run(task_list)
+        except GatewayUnavailable as exc:
+            if exc.groups:
+                write_jsonl(out, exc.groups)
+                console.print(f"wrote the {len(exc.groups)} groups that finished to {out}")
+            raise _fail(str(exc), 1) from exc
+        except (ImportError, RunnerError, ValueError, TypeError) as exc:
+            raise _fail(f"{type(exc).__name__}: {exc}", 1) from exc
     n = write_jsonl(out, groups)
     s = client.stats
     console.print(
@@ -188,7 +197,12 @@ def export(
         adapter = load_trainer(to)
     except PluginError as exc:
         raise _fail(str(exc)) from exc
-    path = adapter.export(rollouts, out)
+    try:
+        path = adapter.export(rollouts, out)
+    except Exception as exc:  # an adapter's own error: say which and why, no traceback
+        raise _fail(
+            f"the {to} adapter could not export {src}: {type(exc).__name__}: {exc}", 1
+        ) from exc
     console.print(f"exported {len(rollouts)} rollouts for {to} to {path}")
 
 
@@ -253,6 +267,8 @@ def demo(
         console.print(f"export for {name}: {path}")
     for name, err in sorted(result.export_errors.items()):
         console.print(f"[yellow]export for {name} failed:[/yellow] {escape(err)}")
+    for name, why in sorted(result.export_skipped.items()):
+        console.print(escape(f"{name}: skipped — {why}"))
     if result.steered:
         console.print(
             "[bold yellow]note:[/bold yellow] the embedded engine is a tiny random-weight model; every guess was "

@@ -22,6 +22,7 @@ __all__ = [
     "async_openai_client",
     "openai_client",
     "rollout_context",
+    "rollout_create_kwargs",
     "rollout_model",
     "split_sampling",
 ]
@@ -31,7 +32,28 @@ PAYLOAD_KEY = "_rollwire"
 #: Retries of the OpenAI client inside a rollout; the gateway records them via
 #: ``x-stainless-retry-count`` so a retried call is not trained twice.
 ROLLOUT_MAX_RETRIES = 2
+#: The payload versions this module reads (the ``_rollwire.version`` major number).
+SUPPORTED_VERSIONS = frozenset({1})
 _DEFAULT_TIMEOUT_S = 600.0
+#: Keyword arguments of ``chat.completions.create`` a session sampling key may be passed as; any
+#: other key (``top_k``, ``min_p``, ``repetition_penalty``...) goes in ``extra_body``.
+CREATE_PARAMS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "stop",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "reasoning_effort",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -95,11 +117,20 @@ def rollout_context(payload: Any) -> RolloutContext | None:
             f"payload[{PAYLOAD_KEY!r}] lacks {', '.join(missing)}; it must be built by "
             "rollwire's RolloutClient (DESIGN §7)"
         )
+    version = _version(raw.get("version"))
     deadline = raw.get("deadline")
     if deadline is not None:
-        deadline = float(deadline)
+        if isinstance(deadline, bool):
+            deadline = math.nan
+        try:
+            deadline = float(deadline)
+        except (TypeError, ValueError):
+            deadline = math.nan
         if not math.isfinite(deadline):
-            raise ValueError(f"payload[{PAYLOAD_KEY!r}]['deadline'] must be finite, got {deadline}")
+            raise ValueError(
+                f"payload[{PAYLOAD_KEY!r}]['deadline'] must be a finite epoch time in seconds, "
+                f"got {raw.get('deadline')!r}"
+            )
     sampling = raw.get("sampling") or {}
     if not isinstance(sampling, Mapping):
         raise ValueError(
@@ -115,14 +146,60 @@ def rollout_context(payload: Any) -> RolloutContext | None:
         deadline=deadline,
         group_id=None if raw.get("group_id") is None else str(raw["group_id"]),
         task_id=None if raw.get("task_id") is None else str(raw["task_id"]),
-        version=int(raw.get("version") or 1),
+        version=version,
     )
+
+
+def _version(raw: Any) -> int:
+    if raw is None:
+        return 1
+    try:
+        major = int(str(raw).split(".")[0])
+    except ValueError:
+        major = -1
+    if major not in SUPPORTED_VERSIONS:
+        raise ValueError(
+            f"payload[{PAYLOAD_KEY!r}]['version'] is {raw!r}, but this agent's rollwire reads "
+            f"version {', '.join(map(str, sorted(SUPPORTED_VERSIONS)))}: install the trainer's "
+            "rollwire version in the agent"
+        )
+    return major
 
 
 def rollout_model(payload: Any, default: str) -> str:
     """The model name to request: the session's policy in a rollout, ``default`` in production."""
     ctx = rollout_context(payload)
     return ctx.model if ctx is not None else default
+
+
+def rollout_create_kwargs(payload: Any, **production: Any) -> dict[str, Any]:
+    """Keyword arguments for ``chat.completions.create``: ``production`` as given when the payload
+    has no ``_rollwire``; in a rollout, the session's ``model`` and ``sampling`` laid over them
+    (OpenAI parameters at the top level, the rest in ``extra_body``).
+
+        client.chat.completions.create(
+            messages=messages, **rollout_create_kwargs(payload, model="gpt-4o", temperature=0.2)
+        )
+    """
+    ctx = rollout_context(payload)
+    if ctx is None:
+        return dict(production)
+    out = split_sampling(ctx.sampling, CREATE_PARAMS, production)
+    out["model"] = ctx.model
+    return out
+
+
+def session_timeout(ctx: RolloutContext, production: Any = None) -> Any:
+    """A client timeout for the session: bounded by the deadline, also when production sets one.
+
+    A number is capped at :meth:`RolloutContext.call_timeout`; any other production value (an
+    ``httpx.Timeout``) is kept as it is, since it may carry connect/read settings of its own.
+    """
+    if production is None:
+        return ctx.call_timeout()
+    if isinstance(production, (int, float)) and not isinstance(production, bool):
+        return ctx.call_timeout(float(production))
+    return production
 
 
 def split_sampling(
@@ -157,7 +234,7 @@ def _session_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) -
     kwargs["base_url"] = ctx.base_url
     kwargs["api_key"] = ctx.api_key
     kwargs["max_retries"] = ROLLOUT_MAX_RETRIES
-    kwargs.setdefault("timeout", ctx.call_timeout())
+    kwargs["timeout"] = session_timeout(ctx, kwargs.get("timeout"))
     return kwargs
 
 

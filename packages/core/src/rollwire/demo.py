@@ -48,6 +48,8 @@ class DemoResult:
     rollouts_path: Path
     exports: dict[str, Path] = field(default_factory=dict)
     export_errors: dict[str, str] = field(default_factory=dict)
+    #: trainer adapters installed but not usable here (framework missing), and why
+    export_skipped: dict[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
     rollout_s: float = 0.0
     steered: bool = True
@@ -107,12 +109,19 @@ def load_demo_agent(name: str) -> Any:
         raise DemoError(f"{module} defines no {attr!r} (expected a RolloutApp)") from exc
 
 
-def _trainers() -> Iterable[str]:
+def _trainers() -> Iterable[tuple[str, str | None]]:
+    """Every trainer adapter, with None when it can export here, else what to install."""
     from rollwire.plugins import discover
 
     for info in discover("trainers"):
-        if info.status == "ok" and not info.name.startswith("fixture-"):
-            yield info.name
+        if info.name.startswith("fixture-"):
+            continue
+        if info.status == "ok":
+            yield info.name, None
+        elif info.status == "missing":
+            yield info.name, f"install rollwire[{info.name}]"
+        else:
+            yield info.name, info.detail or info.status
 
 
 def run_demo(
@@ -174,7 +183,10 @@ def run_demo(
         steered=not unsteered,
     )
     if exports:
-        for name in _trainers():
+        for name, skipped in _trainers():
+            if skipped is not None:
+                result.export_skipped[name] = skipped
+                continue
             try:
                 adapter = load_trainer(name)
                 suffix = getattr(adapter, "export_suffix", ".jsonl")

@@ -104,6 +104,10 @@ def agents_model(
     Without a session: ``OpenAIChatCompletionsModel(**production_kwargs)`` (``model`` required;
     ``openai_client`` defaults to ``AsyncOpenAI()``). With one: the session's model name and an
     ``AsyncOpenAI`` for the session (production ``openai_client`` is dropped), and tracing off.
+
+    Tracing is switched off with ``agents.set_tracing_disabled(True)``, which is process-wide:
+    production requests served later by the same process are not traced either. Run training
+    and traced production traffic in separate processes (or re-enable tracing yourself).
     """
     agents = _import_agents()
     ctx = rollout_context(payload)

@@ -1,9 +1,9 @@
-"""HTTP runner: ``POST /invocations`` on a pool of AgentCore-contract agents, round-robin."""
+"""HTTP runner: ``POST /invocations`` on a pool of AgentCore-contract agents, one agent per session."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,8 +18,12 @@ __all__ = ["HttpRunner"]
 class HttpRunner:
     """Invokes ``{url}/invocations`` with the AgentCore session header; any RolloutApp serves it.
 
-    Transport errors, 5xx and 429 raise a retryable :class:`RunnerError`; another 4xx means the
-    agent refused the payload and raises a non-retryable one with the agent's message.
+    A session is pinned to one agent (a hash of its id spreads sessions over the pool), and its
+    retries go to that agent too: when an answer is lost after the agent took the invocation (a
+    read timeout, a load balancer's 502), the agent acknowledges the repeat instead of a second
+    agent running the same session. Only a refused connection, where nothing was delivered, moves
+    the session to the next agent. Transport errors, 5xx and 429 raise a retryable
+    :class:`RunnerError`; another 4xx means the agent refused the payload (not retryable).
     """
 
     def __init__(
@@ -30,7 +34,7 @@ class HttpRunner:
         self.urls = [u if "://" in u else f"http://{u}" for u in urls_]
         if not self.urls:
             raise ValueError("HttpRunner needs at least one agent URL, e.g. http://127.0.0.1:8080")
-        self._next = itertools.cycle(self.urls)
+        self._moved: dict[str, int] = {}  # sessions moved on from agents that refused connections
         self.timeout = timeout
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -43,14 +47,25 @@ class HttpRunner:
             )
         return self._session
 
+    def url_for(self, session_id: str) -> str:
+        """The agent this session is pinned to."""
+        digest = hashlib.sha256(session_id.encode()).digest()
+        index = int.from_bytes(digest[:8], "big") + self._moved.get(session_id, 0)
+        return self.urls[index % len(self.urls)]
+
     async def invoke(self, payload: Mapping[str, Any], session_id: str) -> None:
-        """POST the payload to the next agent in the pool."""
-        url = next(self._next)
+        """POST the payload to the session's agent."""
+        url = self.url_for(session_id)
         try:
             async with self._http().post(
                 f"{url}/invocations", json=dict(payload), headers={SESSION_HEADER: session_id}
             ) as resp:
                 status, text = resp.status, await resp.text()
+        except aiohttp.ClientConnectorError as exc:  # not connected: nothing was delivered
+            self._moved[session_id] = self._moved.get(session_id, 0) + 1
+            raise RunnerError(
+                f"could not connect to the agent at {url}: {type(exc).__name__}: {exc}"
+            ) from exc
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise RunnerError(
                 f"could not reach the agent at {url}: {type(exc).__name__}: {exc}"
@@ -60,6 +75,10 @@ class HttpRunner:
                 f"agent at {url}/invocations answered HTTP {status}: {text[:300]}",
                 retryable=status >= 500 or status in (408, 429),
             )
+
+    async def release(self, session_id: str) -> None:
+        """Forget the session's pinning once it is terminal."""
+        self._moved.pop(session_id, None)
 
     async def drain(self) -> None:
         """Close the connection pool (it is bound to the run's event loop)."""

@@ -13,6 +13,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
+
+from rollwire.context import rollout_context
 from rollwire.runners.base import RunnerError
 
 __all__ = ["RayRunner"]
@@ -41,7 +44,9 @@ class RayRunner:
 
     ``address=None`` joins ``RAY_ADDRESS`` if set, else starts a local Ray; ``init_kwargs`` go to
     ``ray.init`` (e.g. ``num_cpus=2``). The driver's ``sys.path`` is passed to workers so
-    examples importable here are importable there.
+    examples importable here are importable there. Each task is watched: when it dies (a worker
+    crash, an import error) the session is completed ``failed`` with ``failure_reward`` at once,
+    instead of the trainer waiting out the deadline.
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class RayRunner:
         *,
         num_cpus: float = 0.5,
         init_kwargs: Mapping[str, Any] | None = None,
+        failure_reward: float = 0.0,
     ) -> None:
         try:
             import ray
@@ -60,6 +66,7 @@ class RayRunner:
             ) from exc
         self._ray = ray
         self.app_path = app_path
+        self.failure_reward = failure_reward
         self._started_ray = False
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {
@@ -78,6 +85,7 @@ class RayRunner:
             self._started_ray = True
         self._remote = ray.remote(num_cpus=num_cpus, max_retries=0)(_run_in_worker)
         self._refs: dict[str, Any] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
 
     async def invoke(self, payload: Mapping[str, Any], session_id: str) -> None:
         """Submit the rollout as a Ray task; returns once submitted."""
@@ -88,21 +96,56 @@ class RayRunner:
                 f"could not submit the rollout to Ray: {type(exc).__name__}: {exc}"
             ) from exc
         self._refs[session_id] = ref
+        self._watchers[session_id] = asyncio.get_running_loop().create_task(
+            self._watch(session_id, ref, dict(payload)), name=f"ray-watch-{session_id}"
+        )
+
+    async def _watch(self, session_id: str, ref: Any, payload: dict[str, Any]) -> None:
+        """Wait for the task; when it died, complete the session ``failed`` with the session's own
+        token (the app never got to post, so the gateway holds nothing for it yet)."""
+        try:
+            await asyncio.wrap_future(ref.future())
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = f"the Ray task of this rollout died: {type(exc).__name__}: {exc}"
+        log.warning("rollout %s: %s", session_id, error)
+        rc = rollout_context(payload)
+        if rc is None:
+            return
+        body = {"status": "failed", "reward": self.failure_reward, "error": error[:2000]}
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+                http.post(
+                    rc.complete_url, json=body, headers={"Authorization": f"Bearer {rc.api_key}"}
+                ) as resp,
+            ):
+                if resp.status >= 300 and resp.status != 409:  # 409: the app reported first
+                    log.warning("rollout %s: the gateway answered %s", session_id, resp.status)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("rollout %s: could not record the dead task: %s", session_id, exc)
 
     async def release(self, session_id: str) -> None:
-        """Forget the task of a finished rollout, logging it if the worker itself crashed."""
-        ref = self._refs.pop(session_id, None)
-        if ref is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=10)
-        except Exception as exc:
-            log.warning(
-                "ray task of rollout %s ended with %s: %s", session_id, type(exc).__name__, exc
-            )
+        """Forget a finished rollout's task (its watcher has logged a crash, if any)."""
+        self._refs.pop(session_id, None)
+        watcher = self._watchers.pop(session_id, None)
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+
+    async def drain(self) -> None:
+        """End of a run: stop watching (watchers are bound to the run's event loop); Ray stays up
+        for the next run."""
+        watchers = list(self._watchers.values())
+        self._watchers.clear()
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
 
     async def aclose(self) -> None:
         """Cancel tasks still running; shut Ray down when this runner started it."""
+        await self.drain()
         for ref in self._refs.values():
             try:
                 self._ray.cancel(ref)
@@ -111,3 +154,4 @@ class RayRunner:
         self._refs.clear()
         if self._started_ray:
             self._ray.shutdown()
+            self._started_ray = False

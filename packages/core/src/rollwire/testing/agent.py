@@ -17,9 +17,10 @@
 
 The suite checks, with real HTTP: the production fallback (no ``_rollwire`` → the production
 endpoint, key and model), the session wiring (base URL, token, model, sampling parameters), and
-a multi-turn tool-calling rollout against a real gateway and the embedded engine in scripted
-mode, captured with the right rows, masks and log-probs, in every streaming mode the framework
-has.
+a multi-turn tool-calling rollout run the way training runs it — ``RolloutClient`` → local runner
+→ ``RolloutApp`` → the framework's agent → a real gateway and the embedded engine in scripted
+mode, the reward posted by the app — captured with the right rows, masks and log-probs, in every
+streaming mode the framework has.
 """
 
 from __future__ import annotations
@@ -469,42 +470,57 @@ class AgentAdapterConformance:
             pytest.skip(f"{adapter.name} has no {'streaming' if stream else 'non-streaming'} mode")
         if capture == "tokens":
             pytest.importorskip("transformers", reason="tokens capture needs rollwire[tokens]")
+        from rollwire.app import RolloutApp
+        from rollwire.client import RolloutClient
+        from rollwire.runners import LocalRunner
+
         client = rollout_env.client
         sampling = {"temperature": 0.8, "max_tokens": 128}
-        handle = client.create_session(
-            group_id="g-1", task_id="t-1", sampling=sampling, capture=capture
-        )
-        payload = _session_payload(
-            base_url=handle.base_url,
-            token=handle.token,
-            session_id=handle.session_id,
-            complete_url=handle.complete_url,
-            sampling=sampling,
-        )
         task = arithmetic_task()
-        model = self._build(adapter, payload, stream)
-        out = self.run_agent(model, task, stream=stream, payload=payload)
+        outputs: list[str] = []
+        app = RolloutApp(failure_reward=-1.0)
+
+        @app.rollout_entrypoint
+        def agent(payload: dict[str, Any]) -> dict[str, Any]:
+            model = self._build(adapter, payload, stream)
+            out = self.run_agent(model, task, stream=stream, payload=payload)
+            outputs.append(out)
+            return {
+                "reward": 1.0 if task.answer in out else 0.0,
+                "metrics": {"tool_calls": float(len(task.calls))},
+            }
+
+        trainer = RolloutClient(
+            rollout_env.gateway,
+            runner=LocalRunner(app),
+            group_size=1,
+            sampling=sampling,
+            capture=capture,  # type: ignore[arg-type]
+            deadline=120,
+        )
+        (group,) = trainer.run([{"id": "t-1", "prompt": task.prompt}])
+        (rollout,) = group.rollouts
+        assert rollout.status == "completed", rollout.error
 
         # the agent really ran the tools and answered from their results
         assert task.calls == [("add", {"a": 2, "b": 3}), ("multiply", {"a": 5, "b": 4})]
-        assert task.answer in out
-        reward = 1.0 if task.answer in out else 0.0
-        client.complete(
-            handle.session_id, reward=reward, metrics={"tool_calls": 2.0}, token=handle.token
-        )
-
-        info = client.get_session(handle.session_id)
+        assert len(outputs) == 1 and task.answer in outputs[0]
+        # the reward arrived through RolloutApp → complete_url, as in training
+        reward = 1.0
+        assert rollout.reward == reward and rollout.metrics == {"tool_calls": 2.0}
+        info = client.get_session(rollout.rollout_id)
         assert info.status == "completed"
         assert info.reward == reward
 
-        calls = client.calls(handle.session_id)
+        calls = client.calls(rollout.rollout_id)
+        assert [c.call_id for c in calls] == [c.call_id for c in rollout.calls]
         assert len(calls) == task.expected_model_calls
         assert all(c.status == "ok" for c in calls)
         assert [c.stream for c in calls] == [stream] * len(calls)
         assert all(c.sampling.get("temperature") == sampling["temperature"] for c in calls)
         assert all(len(c.completion_ids) > 0 for c in calls)
 
-        rows = client.trajectory(handle.session_id)
+        rows = client.trajectory(rollout.rollout_id)
         assert rows, "no training rows"
         # every sampled token is in exactly one row, with mask 1 and its captured log-prob
         expected = np.concatenate([c.completion_ids for c in calls])

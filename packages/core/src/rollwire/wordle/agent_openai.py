@@ -2,8 +2,10 @@
 
 Production code with two rollwire lines: ``app = RolloutApp(...)`` and ``openai_client(payload)``
 (which points the client at the rollout session, or at production when the payload has no
-``_rollwire`` key). The agent keeps the game, so it computes its own reward; it always returns
-one (-1.5 on any failure) and never raises.
+``_rollwire`` key). The agent keeps the game, so it computes its own reward. An error of the
+agent or the game still returns a reward (-1.5, metric ``agent_error=1``); an infrastructure error
+(the model endpoint unreachable, 401/429/5xx) is raised, so the rollout is recorded ``failed``
+instead of training the policy on an outage (see :mod:`rollwire.wordle.failures`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import os
 from typing import Any
 
 from rollwire.app import RolloutApp
-from rollwire.context import openai_client, rollout_model
+from rollwire.context import openai_client, rollout_create_kwargs
+from rollwire.wordle.failures import agent_error_result, is_infrastructure_error
 from rollwire.wordle.game import GUESS_TOOL, SYSTEM_PROMPT, WordleGame, task_prompt
 from rollwire.wordle.reward import NO_VALID_GUESS, score_game
 
@@ -43,15 +46,17 @@ def play(payload: dict[str, Any]) -> dict[str, Any]:
     """Play one game of Wordle; returns ``{"reward", "metrics"}``."""
     try:
         return _play(payload)
-    except Exception as exc:  # the contract of this agent: a reward, always
-        log.warning("wordle agent failed: %s: %s", type(exc).__name__, exc)
-        return {"reward": NO_VALID_GUESS, "metrics": {"agent_error": 1.0}}
+    except Exception as exc:
+        if is_infrastructure_error(exc):
+            raise  # not the policy's doing: RolloutApp records the rollout failed
+        return agent_error_result(exc)
 
 
 def _play(payload: dict[str, Any]) -> dict[str, Any]:
     game = WordleGame(secret_of(payload))
     client = openai_client(payload, max_retries=2)
-    model = rollout_model(payload, os.environ.get("WORDLE_MODEL", "gpt-4o-mini"))
+    # the session's model and sampling in a rollout; production's settings otherwise
+    create = rollout_create_kwargs(payload, model=os.environ.get("WORDLE_MODEL", "gpt-4o-mini"))
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task_prompt(game.max_guesses)},
@@ -61,9 +66,9 @@ def _play(payload: dict[str, Any]) -> dict[str, Any]:
         while not game.over and turns < MAX_TURNS and idle < MAX_IDLE_TURNS:
             turns += 1
             resp = client.chat.completions.create(
-                model=model,
                 messages=messages,  # type: ignore[arg-type]
                 tools=[GUESS_TOOL],  # type: ignore[list-item]
+                **create,
             )
             msg = resp.choices[0].message
             assistant: dict[str, Any] = {"role": "assistant", "content": msg.content}
