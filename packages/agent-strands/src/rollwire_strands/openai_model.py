@@ -10,33 +10,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rollwire.context import ROLLOUT_MAX_RETRIES, rollout_context, session_timeout, split_sampling
+from rollwire.context import (
+    CREATE_PARAMS,
+    ROLLOUT_MAX_RETRIES,
+    rollout_context,
+    session_timeout,
+    split_sampling,
+)
 
 if TYPE_CHECKING:
     from strands.models.openai import OpenAIModel
 
 __all__ = ["StrandsAdapter", "adapter", "model"]
 
-#: Keyword arguments of ``chat.completions.create`` that Strands may pass as ``params``; any other
-#: session sampling key (``top_k``, ``min_p``, ``repetition_penalty``...) goes in ``extra_body``,
-#: because Strands spreads ``params`` into ``create(**request)`` and the SDK rejects unknown names.
-_OPENAI_PARAMS = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "max_completion_tokens",
-        "presence_penalty",
-        "frequency_penalty",
-        "seed",
-        "stop",
-        "n",
-        "logprobs",
-        "top_logprobs",
-        "logit_bias",
-        "reasoning_effort",
-    }
-)
+# Strands spreads ``params`` into ``create(**request)`` and the SDK rejects unknown names: session
+# sampling keys that are not ``create`` arguments (``top_k``, ``min_p``...) go in ``extra_body``.
+_OPENAI_PARAMS = CREATE_PARAMS
 # Production-only client settings that must not leak into a session's client.
 _PRODUCTION_ONLY = ("client", "bedrock_mantle_config")
 
