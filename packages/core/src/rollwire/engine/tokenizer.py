@@ -42,7 +42,7 @@ MARKUP_TOKENS = (
 )
 _VOCAB_SIZE = 2048
 #: The shipped Hugging Face folder, relative to this package.
-_SHIPPED = "tokenizer"
+_SHIPPED = "hf_tokenizer"
 
 
 def chat_template() -> str:
