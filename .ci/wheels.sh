@@ -21,4 +21,7 @@ for name in strands langgraph openai slime rllm; do
   grep -E "^│ $name +│.*│ ok" plugins.txt >/dev/null || { echo "plugin $name is not ok"; exit 1; }
 done
 grep -E "^│ verl +│.*│ missing" plugins.txt >/dev/null || { echo "verl should report its missing framework"; exit 1; }
+# The main job works from the wheels alone, outside the repository.
+"$venv/bin/rollwire" demo --tasks 2 --group-size 2 --out "$(dirname "$venv")/demo" | tail -n 5
+test -s "$(dirname "$venv")/demo/rollouts.jsonl"
 echo "wheels OK"
