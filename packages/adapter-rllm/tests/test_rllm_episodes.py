@@ -248,6 +248,23 @@ def test_non_trainable_call_round_trips_through_flatten() -> None:
     np.testing.assert_allclose(row.logprobs, expected.logprobs)
 
 
+def test_retried_and_off_policy_calls_are_not_steps() -> None:
+    """rLLM trains every step it gets: only calls rollwire would train become steps."""
+    rollout = merged_rollout()
+    retried = rollout.calls[0].model_copy(update={"call_id": "retried", "index": 0})
+    retried.flags = ["superseded_by_retry"]
+    retried.trainable = False
+    rollout.calls[1].off_policy = True
+    rollout.calls[1].trainable = False
+    rollout.calls = [retried, *rollout.calls]
+    (traj,) = to_episode_dicts([rollout])[0]["trajectories"]
+    assert [len(s["response_ids"]) for s in traj["steps"]] == [4, 3]
+    assert traj["info"]["rollwire"]["left_out_calls"] == ["retried", rollout.calls[2].call_id]
+    (row,) = episode_rows(to_episode_dicts([rollout])[0])
+    (expected,) = build_rows([rollout])
+    np.testing.assert_array_equal(row.loss_mask, expected.loss_mask)
+
+
 def test_export_one_episode_per_line(tmp_path: Path) -> None:
     out = rollwire_rllm.adapter.export(sample_batch(), tmp_path / "e.jsonl")
     lines = out.read_text().splitlines()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rollwire.protocol import Group, ModelCall, Rollout, Row, group_rollouts
-from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire.trajectory import SUPERSEDED_FLAG, BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
     "decode_routing_matrix",
@@ -220,6 +220,15 @@ def _step_dict(
     }
 
 
+def _trainable(call: ModelCall) -> bool:
+    return (
+        call.status == "ok"
+        and SUPERSEDED_FLAG not in call.flags
+        and call.trainable
+        and not call.off_policy
+    )
+
+
 def rollout_episode_dict(
     rollout: Rollout,
     *,
@@ -232,8 +241,15 @@ def rollout_episode_dict(
     failure_reward: float = 0.0,
     mode: BuildMode = "merge",
 ) -> dict[str, Any]:
-    """The Episode dict of one rollout: one Trajectory, one Step per usable captured call."""
-    calls = sorted((c for c in rollout.calls if c.status == "ok"), key=lambda c: c.index)
+    """The Episode dict of one rollout: one Trajectory, one Step per trainable captured call.
+
+    rLLM trains every step it is given (a Step has no loss mask), so calls rollwire would keep
+    only as context are left out: failed calls, calls superseded by an agent retry, and
+    non-trainable or off-policy calls (guided decoding, ``logit_bias``, ``n > 1``). Their ids go
+    into ``info["rollwire"]["left_out_calls"]``.
+    """
+    calls = sorted((c for c in rollout.calls if _trainable(c)), key=lambda c: c.index)
+    left_out = [c.call_id for c in rollout.calls if c.status == "ok" and not _trainable(c)]
     rows = TrajectoryBuilder(mode, tokenizer).build(rollout)
     row_of_call = {cid: row for row in rows for cid in row.call_ids}
     reward = float(rollout.reward) if rollout.reward is not None else float(failure_reward)
@@ -261,6 +277,7 @@ def rollout_episode_dict(
             "error": rollout.error,
             "num_rows": len(rows),
             "num_calls": len(rollout.calls),
+            "left_out_calls": left_out,
             "capture": rollout.capture,
             "mode": mode,
         }
