@@ -307,6 +307,90 @@ def test_failed_rollouts_policy() -> None:
     assert report.excluded_failed == 1 and report.failed == 1
 
 
+def _no_calls(rid: str, status: str, reward: float | None, group: str = "g") -> Rollout:
+    return Rollout(
+        rollout_id=rid,
+        group_id=group,
+        status=status,  # type: ignore[arg-type]
+        reward=reward,
+        error="agent crashed" if status != "completed" else None,
+        calls=[],
+    )
+
+
+def test_failed_rollout_without_calls_is_a_masked_placeholder() -> None:
+    # regression: a failed rollout with no usable call used to vanish from the batch (B=2, report
+    # failed=0), taking its failure reward out of the group's GRPO statistics
+    group = Group(
+        group_id="g",
+        rollouts=[two_turn("r1"), one_turn("r3", reward=0.5), _no_calls("r2", "failed", None)],
+    )
+    dp, report = to_dataproto([group], pad_token_id=PAD, failure_reward=-1.0, return_report=True)
+    assert len(dp) == 3
+    assert report == ConversionReport(rows=3, failed=1, placeholders=1)
+    nt = dp.non_tensor_batch
+    assert list(nt["rollout_id"]) == ["r1", "r3", "r2"]
+    assert list(nt["uid"]) == ["g", "g", "g"]
+    assert list(nt["placeholder"]) == [False, False, True]
+    assert nt["status"][2] == "failed" and nt["__num_turns__"][2] == 1
+    b = dp.batch
+    p = b["prompts"].shape[1]
+    assert b["prompts"][2].tolist() == [PAD] * p
+    assert b["responses"][2].tolist() == [PAD] * b["responses"].shape[1]
+    # one attended prompt token (the last prompt column) and one attended response token
+    assert b["attention_mask"][2].tolist() == [0] * (p - 1) + [1, 1] + [0] * (
+        b["responses"].shape[1] - 1
+    )
+    assert b["position_ids"][2, p - 1 :].tolist()[:2] == [0, 1]
+    assert int(b["response_mask"][2].sum()) == 0
+    assert torch.all(b["rollout_log_probs"][2] == 0)
+    assert b["rm_scores"][2, 0].item() == -1.0 and float(b["rm_scores"][2].sum()) == -1.0
+    # the failure reward is in the group's statistics: mean of (1, 0.5, -1)
+    scores = np.array([1.0, 0.5, -1.0])
+    adv = normalize_rewards(dp)
+    want = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(adv, want, rtol=1e-5)
+    # flatten gives TrajectoryBuilder's rows: the placeholder holds no token of the rollout
+    assert [r.rollout_id for r in flatten_dataproto(dp)] == ["r1", "r3"]
+    # excluded with include_failed=False, and counted as such
+    ex, report = to_dataproto([group], pad_token_id=PAD, include_failed=False, return_report=True)
+    assert len(ex) == 2 and list(ex.non_tensor_batch["rollout_id"]) == ["r1", "r3"]
+    assert report == ConversionReport(rows=3, failed=1, excluded_failed=1)
+
+
+def test_completed_rollout_without_calls_is_a_placeholder() -> None:
+    group = Group(group_id="g", rollouts=[two_turn("r1"), _no_calls("r0", "completed", 0.25)])
+    dp, report = to_dataproto([group], pad_token_id=PAD, include_failed=False, return_report=True)
+    assert len(dp) == 2 and report == ConversionReport(rows=2, placeholders=1)
+    assert list(dp.non_tensor_batch["uid"]) == ["g", "g"]
+    assert dp.non_tensor_batch["status"][1] == "completed"
+    assert dp.batch["rm_scores"][1, 0].item() == 0.25
+    assert int(dp.batch["response_mask"][1].sum()) == 0
+    # limits and the drop policy keep it (1 + 1 tokens always fit)
+    dp, report = to_dataproto(
+        [group],
+        max_prompt_length=2,
+        max_response_length=2,
+        overlong="drop",
+        return_report=True,
+    )
+    assert list(dp.non_tensor_batch["rollout_id"]) == ["r0"] and report.dropped == 1
+    # with no reward it is the same error as any completed rollout without one
+    with pytest.raises(ValueError, match="no reward"):
+        to_dataproto([_no_calls("r9", "completed", None)])
+
+
+def test_batch_of_only_placeholders_converts() -> None:
+    dp = to_dataproto(
+        [_no_calls("a", "failed", None), _no_calls("b", "timeout", None)], failure_reward=-2.0
+    )
+    assert dp.batch["input_ids"].shape == (2, 2)
+    assert dp.batch["attention_mask"].tolist() == [[1, 1], [1, 1]]
+    assert dp.batch["rm_scores"].tolist() == [[-2.0], [-2.0]]
+    assert list(dp.non_tensor_batch["uid"]) == ["g", "g"]
+    assert flatten_dataproto(dp) == []
+
+
 def test_flat_rollouts_group_by_group_id() -> None:
     flat = [r for g in sample_batch() for r in g.rollouts]
     dp = to_dataproto(flat)

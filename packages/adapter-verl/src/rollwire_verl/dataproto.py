@@ -102,7 +102,9 @@ def to_dataproto(
 
     Keys and conventions: see the README and :mod:`rollwire_verl.layout`. ``uid`` is the task
     group id, so verl's GRPO groups the rollouts of one task. With ``return_report`` also returns
-    a :class:`ConversionReport` (rows dropped / truncated / failed / excluded). Raises ValueError
+    a :class:`ConversionReport` (rows dropped / truncated / failed / excluded / placeholders). A
+    rollout without a usable model call is one masked placeholder row, never dropped (a failed
+    one only with ``include_failed``; see :mod:`rollwire_verl.layout`). Raises ValueError
     for an empty batch, a completed rollout without a reward, or when every row was dropped.
     """
     torch, data_proto = _import_torch_verl()
@@ -131,7 +133,12 @@ def _np(t: Any) -> np.ndarray:
 
 
 def flatten_dataproto(data: DataProto) -> list[ExportedRow]:
-    """The rows of a padded ``DataProto`` with the pads stripped (by the attention mask)."""
+    """The rows of a padded ``DataProto`` with the pads stripped (by the attention mask).
+
+    Placeholder rows (``non_tensor_batch["placeholder"]``: a rollout without a usable model call,
+    one masked pad token) hold none of the rollout's tokens and are left out, so the result has
+    the rows :class:`rollwire.trajectory.TrajectoryBuilder` gives.
+    """
     prompts = _np(data.batch["prompts"])
     responses = _np(data.batch["responses"])
     attention = _np(data.batch["attention_mask"])
@@ -150,9 +157,12 @@ def flatten_dataproto(data: DataProto) -> list[ExportedRow]:
     group_ids = ntb.get("group_id", ntb.get("uid"))
     experts = _np(data.batch["routed_experts"]) if "routed_experts" in data.batch else None
     has_experts = ntb.get("has_routed_experts")
+    placeholder = ntb.get("placeholder")
     with_experts = "routed_experts" in {f.name for f in dataclasses.fields(ExportedRow)}
     out: list[ExportedRow] = []
     for i in range(prompts.shape[0]):
+        if placeholder is not None and bool(placeholder[i]):
+            continue
         pl, rl = int(plens[i]), int(rlens[i])
         extra: dict[str, Any] = {}
         if with_experts:

@@ -13,7 +13,12 @@ Conventions (verl's own, from ``AgentLoopWorker._agent_loop_postprocess`` and
 - the reward sits at the last non-pad response token of ``rm_scores``;
 - ``routed_experts[b, P - prompt_len + j]`` is the routing of token ``j`` of the row;
 - ``__num_turns__`` counts like verl's agent loops: ``1 + model calls + context insertions``
-  (the prompt, each assistant turn, each tool/user turn between them), so one call is 2.
+  (the prompt, each assistant turn, each tool/user turn between them), so one call is 2;
+- a rollout with no usable model call (crashed at start, undeliverable, ...) is one **placeholder**
+  row, as verl's agent loop and the slime export give it, so that its reward still counts in its
+  group's GRPO statistics: prompt and response one ``pad_token_id`` each (both attended, so verl
+  sees a non-empty sequence), ``response_mask`` 0, the reward in ``rm_scores[:, 0]``, and
+  ``non_tensor_batch["placeholder"]`` True.
 
 :func:`cut_row` is the one over-long policy, shared with the agent loop: keep the last
 ``max_prompt_length`` prompt tokens and the first ``max_response_length`` response tokens, and cut
@@ -28,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rollwire.protocol import Group, Rollout, Row
+from rollwire.protocol import Group, Rollout, Row, group_rollouts
 from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
@@ -39,6 +44,7 @@ __all__ = [
     "RowCut",
     "build_layout_rows",
     "cut_row",
+    "is_placeholder",
     "padded_arrays",
     "verl_num_turns",
 ]
@@ -57,6 +63,7 @@ RESERVED_NON_TENSOR_KEYS: frozenset[str] = frozenset(
         "status",
         "truncated",
         "has_routed_experts",
+        "placeholder",
     }
 )
 
@@ -74,6 +81,9 @@ class ConversionReport:
     truncated: int = 0
     failed: int = 0
     excluded_failed: int = 0
+    #: placeholder rows laid out for rollouts without a usable model call (a failed one is also
+    #: counted in ``failed``; one left out by ``include_failed=False`` in ``excluded_failed`` only)
+    placeholders: int = 0
 
 
 @dataclass
@@ -156,6 +166,8 @@ class _Slot:
     mask: np.ndarray
     logprobs: np.ndarray
     reward: float
+    #: a rollout without a usable call: laid out as one masked pad token of prompt and response
+    placeholder: bool = False
 
     @property
     def prompt(self) -> np.ndarray:
@@ -180,8 +192,41 @@ def build_layout_rows(
     mode: BuildMode = "merge",
     tokenizer: TokenizerLike | None = None,
 ) -> list[Row]:
-    """Training rows of ``batch`` (groups, or rollouts grouped by ``group_id``), in batch order."""
-    return TrajectoryBuilder(mode, tokenizer).build_many(batch)
+    """Training rows of ``batch`` (groups, or rollouts grouped by ``group_id``), in batch order.
+
+    A rollout with no usable model call gets one token-less placeholder row (see
+    :func:`is_placeholder`) in its place, never nothing: :func:`padded_arrays` lays it out as one
+    masked pad token, so the rollout's reward still counts in its group.
+    """
+    builder = TrajectoryBuilder(mode, tokenizer)
+    rows: list[Row] = []
+    for group in group_rollouts(batch):
+        for rollout in group.rollouts:
+            built = builder.build(rollout)
+            rows.extend(built if built else [_placeholder_row(rollout, group.group_id)])
+    return rows
+
+
+def _placeholder_row(rollout: Rollout, group_id: str) -> Row:
+    return Row(
+        input_ids=np.zeros(0, np.int32),
+        prompt_len=0,
+        loss_mask=np.zeros(0, np.int8),
+        logprobs=np.zeros(0, np.float32),
+        turn_ids=np.zeros(0, np.int32),
+        rollout_id=rollout.rollout_id,
+        group_id=rollout.group_id if rollout.group_id is not None else group_id,
+        task_id=rollout.task_id,
+        reward=rollout.reward,
+        metrics=dict(rollout.metrics),
+        status=rollout.status,
+    )
+
+
+def is_placeholder(row: Row) -> bool:
+    """Whether ``row`` stands for a rollout without a usable model call (it has no token: a
+    usable call always has a prompt, so a built row never is empty)."""
+    return row.input_ids.shape[0] == 0
 
 
 def _reward_of(row: Row, failed: bool, failure_reward: float) -> float:
@@ -204,7 +249,7 @@ def _slots(
     include_failed: bool,
     failure_reward: float,
 ) -> tuple[list[_Slot], ConversionReport]:
-    dropped = truncated = failed_n = excluded = 0
+    dropped = truncated = failed_n = excluded = placeholders = 0
     slots: list[_Slot] = []
     for row in rows:
         failed = row.status != "completed"
@@ -213,6 +258,13 @@ def _slots(
             if not include_failed:
                 excluded += 1
                 continue
+        if is_placeholder(row):
+            placeholders += 1
+            empty = np.zeros(0, np.int32)
+            cut = RowCut(empty, empty, np.zeros(0, np.int8), np.zeros(0, np.float32), None, False)
+            reward = _reward_of(row, failed, failure_reward)
+            slots.append(_Slot(row, cut, cut.mask, cut.logprobs, reward, placeholder=True))
+            continue
         cut = cut_row(
             row, max_prompt_length=max_prompt_length, max_response_length=max_response_length
         )
@@ -231,6 +283,7 @@ def _slots(
         truncated=truncated,
         failed=failed_n,
         excluded_failed=excluded,
+        placeholders=placeholders,
     )
     return slots, report
 
@@ -258,7 +311,9 @@ def padded_arrays(
     ``P``/``R`` are ``max_prompt_length``/``max_response_length`` when given, else the batch max.
     ``overlong="truncate"`` keeps the last ``P`` prompt and first ``R`` response tokens;
     ``"drop"`` leaves such rows out. Failed rollouts are kept with ``failure_reward`` and an
-    all-zero ``response_mask`` unless ``include_failed=False``. ``routed_experts=None`` adds the
+    all-zero ``response_mask`` unless ``include_failed=False``. A placeholder row (a rollout
+    without a usable call, from :func:`build_layout_rows`) becomes one masked pad token of prompt
+    and of response carrying the rollout's reward. ``routed_experts=None`` adds the
     tensor when any row has routing.
     """
     if overlong not in ("truncate", "drop"):
@@ -285,8 +340,13 @@ def padded_arrays(
             f"{report.excluded_failed} excluded as failed (of {report.rows} rows)"
         )
     b = len(slots)
-    plens = np.fromiter((s.prompt.shape[0] for s in slots), dtype=np.int64, count=b)
-    rlens = np.fromiter((s.response.shape[0] for s in slots), dtype=np.int64, count=b)
+    # a placeholder is one pad token of prompt and one of response (input_ids stays pad there)
+    plens = np.fromiter(
+        (1 if s.placeholder else s.prompt.shape[0] for s in slots), dtype=np.int64, count=b
+    )
+    rlens = np.fromiter(
+        (1 if s.placeholder else s.response.shape[0] for s in slots), dtype=np.int64, count=b
+    )
     p = int(max_prompt_length) if max_prompt_length is not None else int(plens.max())
     r = int(max_response_length) if max_response_length is not None else int(rlens.max())
     p = max(p, 1)
@@ -374,6 +434,7 @@ def _non_tensors(slots: Sequence[_Slot], extra_keys: Sequence[str] | None) -> di
         "group_id": _object_array(group_ids),
         "status": _object_array([row.status for row in rows]),
         "truncated": np.fromiter((s.truncated for s in slots), np.bool_, count=len(rows)),
+        "placeholder": np.fromiter((s.placeholder for s in slots), np.bool_, count=len(rows)),
     }
     keys = (
         list(extra_keys)
