@@ -472,3 +472,38 @@ def test_bad_rollwire_fields_are_a_400_with_a_clear_error(
     with ServerThread(app) as server:
         resp = _invoke(server.url, payload)
     assert resp.status_code == 400 and message in resp.json()["error"]
+
+
+class _NotAnException(BaseException):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("exc", "error"),
+    [
+        (SystemExit(3), "SystemExit: 3"),
+        (KeyboardInterrupt(), "KeyboardInterrupt"),
+        (_NotAnException("custom"), "_NotAnException: custom"),
+    ],
+    ids=["system-exit", "keyboard-interrupt", "custom"],
+)
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+async def test_a_base_exception_from_the_handler_is_one_failed_record(
+    recorder: CompleteRecorder, exc: BaseException, error: str, sync: bool
+) -> None:
+    app = RolloutApp(failure_reward=-4.0)
+
+    def handler(payload: dict[str, Any]) -> float:
+        raise exc
+
+    async def async_handler(payload: dict[str, Any]) -> float:
+        await asyncio.sleep(0)
+        raise exc
+
+    app.rollout_entrypoint(handler if sync else async_handler)
+    await app.start_rollout(recorder.payload("be"), "be")
+    assert await app.wait_sessions(["be"], 10)  # the loop lives on: nothing reached it
+    (record,) = await asyncio.to_thread(recorder.wait_for, "be")
+    assert record["status"] == "failed" and record["reward"] == -4.0
+    assert error in record["error"]
+    await app.shutdown()

@@ -4,6 +4,8 @@ infrastructure retries only, client-side deadline."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 import time
 from collections.abc import Mapping
 from types import SimpleNamespace
@@ -108,8 +110,8 @@ class FlakyRunner:
             raise RunnerError("connection refused (simulated)", retryable=self.retryable)
         await self.inner.invoke(payload, session_id)
 
-    async def drain(self) -> None:
-        await self.inner.drain()
+    async def drain(self, session_ids: list[str]) -> None:
+        await self.inner.drain(session_ids)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -192,8 +194,8 @@ class BuggyRunner:
             raise KeyError("unexpected bug in the runner")
         await self.inner.invoke(payload, session_id)
 
-    async def drain(self) -> None:
-        await self.inner.drain()
+    async def drain(self, session_ids: list[str]) -> None:
+        await self.inner.drain(session_ids)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -389,7 +391,7 @@ class LostAnswerRunner:
             await asyncio.sleep(0.01)
         raise RunnerError("read timeout (simulated): the answer was lost")
 
-    async def drain(self) -> None:
+    async def drain(self) -> None:  # the older protocol, without the run's session ids
         await self.a.drain()
         await self.b.drain()
 
@@ -432,3 +434,112 @@ def test_a_runner_built_from_a_spec_is_kept_across_runs_and_closed_with_the_clie
         client.run([{"id": "b", "delay": 0}])
         assert first is not None and client._runner is first
     assert client._runner is None
+
+
+# -- one local runner shared by concurrent runs ----------------------------------------------------
+
+
+async def _sleeper(payload: dict[str, Any]) -> float:
+    await asyncio.sleep(payload["sleep"])
+    return 1.0
+
+
+async def test_a_shared_local_runner_drains_only_its_own_run(stack: Any) -> None:
+    """Two concurrent runs on one LocalRunner (as the slime hook and the rLLM flow share one): the
+    fast run returns without waiting for the slow one, and its drain leaves the HTTP pool that
+    the slow run still posts with open."""
+    runner = LocalRunner(_sleeper)
+    loop = asyncio.get_running_loop()
+
+    async def one(sleep: float) -> tuple[float, str]:
+        t0 = time.monotonic()
+        client = RolloutClient(stack, runner=runner, group_size=1, deadline=60)
+        (group,) = await client.arun([{"id": f"s{sleep}", "sleep": sleep}])
+        return time.monotonic() - t0, group.rollouts[0].status
+
+    slow = asyncio.create_task(one(3.0))
+    fast_s, fast_status = await one(0.1)
+    assert fast_status == "completed" and fast_s < 2.0  # not held up by the slow run's rollout
+    assert not slow.done() and runner.app.running == 1
+    pool = runner.app._http.get(loop)
+    assert pool is not None and not pool.closed  # still the slow run's
+    slow_s, slow_status = await slow
+    assert slow_status == "completed" and 2.5 < slow_s < 10
+    assert loop not in runner.app._http  # the last run on this loop closed the pool
+    assert pool.closed
+    await runner.aclose()
+
+
+def test_a_shared_local_runner_serves_runs_on_several_event_loops(stack: Any) -> None:
+    """The same runner from two threads, each with its own ``asyncio.run`` (rLLM runs a sync flow
+    like that): every run gets its rollout, none waits on tasks of the other loop."""
+    runner = LocalRunner(_sleeper)
+    results: dict[float, tuple[float, str]] = {}
+
+    def worker(sleep: float) -> None:
+        t0 = time.monotonic()
+        try:
+            client = RolloutClient(stack, runner=runner, group_size=1, deadline=60)
+            (group,) = asyncio.run(client.arun([{"id": f"t{sleep}", "sleep": sleep}]))
+            results[sleep] = (time.monotonic() - t0, group.rollouts[0].status)
+        except Exception as exc:  # the test fails on the missing result below
+            results[sleep] = (time.monotonic() - t0, f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (0.2, 2.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results[0.2][1] == "completed" and results[0.2][0] < 1.5
+    assert results[2.0][1] == "completed" and results[2.0][0] < 6
+    assert runner.app.running == 0 and runner.app._http == {}  # each loop's pool was closed
+    asyncio.run(runner.aclose())
+
+
+# -- a handler's BaseException fails its rollout, never the trainer ------------------------------
+
+
+class _Custom(BaseException):
+    pass
+
+
+def _aborting(payload: dict[str, Any]) -> float:
+    kind = payload["kind"]
+    if kind == "exit":
+        sys.exit(3)
+    if kind == "kbint":
+        raise KeyboardInterrupt
+    if kind == "custom":
+        raise _Custom("custom")
+    return 1.0
+
+
+async def _aborting_async(payload: dict[str, Any]) -> float:
+    await asyncio.sleep(0)
+    return _aborting(payload)
+
+
+@pytest.mark.parametrize("handler", [_aborting, _aborting_async], ids=["sync", "async"])
+def test_a_handler_raising_system_exit_fails_its_rollout_not_the_run(
+    stack: Any, handler: Any
+) -> None:
+    app = RolloutApp(failure_reward=-9.0)
+    app.rollout_entrypoint(handler)
+    tasks = [{"id": k, "kind": k} for k in ("ok", "exit", "kbint", "custom")]
+    t0 = time.monotonic()
+    with RolloutClient(
+        stack, runner=LocalRunner(app), group_size=1, deadline=5.0, deadline_grace=5.0
+    ) as client:
+        groups = client.run(tasks)
+    assert time.monotonic() - t0 < 4  # the app reported each, the client did not time out
+    by_id = {g.task_id: g.rollouts[0] for g in groups}
+    assert by_id["ok"].status == "completed" and by_id["ok"].reward == 1.0
+    for kind, error in (
+        ("exit", "SystemExit: 3"),
+        ("kbint", "KeyboardInterrupt"),
+        ("custom", "_Custom: custom"),
+    ):
+        r = by_id[kind]
+        assert r.status == "failed" and r.reward == -9.0, kind
+        assert error in (r.error or ""), (kind, r.error)
+    assert client.stats.client_timeouts == 0

@@ -102,6 +102,25 @@ async def test_http_runner_errors_are_infrastructure_errors() -> None:
         await runner.aclose()
 
 
+async def test_a_shared_http_runner_drain_leaves_a_pool_in_use_open() -> None:
+    """One run's drain must not close the pool another run's invocation is using (same loop)."""
+
+    async def slow(request: Request) -> Response:
+        await request.body()
+        await asyncio.sleep(0.5)
+        return JSONResponse({"status": "accepted"})
+
+    with ServerThread(Starlette(routes=[Route("/invocations", slow, methods=["POST"])])) as agent:
+        runner = HttpRunner([agent.url])
+        other_run = asyncio.create_task(runner.invoke({"x": 1}, "other-run"))
+        await asyncio.sleep(0.1)  # its request is in flight
+        await runner.drain(["this-run"])
+        await other_run  # not broken by the drain
+        await runner.drain(["other-run"])
+        assert runner._sessions == {}  # nothing in flight any more: the last drain closed it
+        await runner.aclose()
+
+
 def test_make_runner_specs() -> None:
     assert isinstance(make_runner("local", app=wordle_app), LocalRunner)
     assert isinstance(make_runner("http:http://h:1,http://h:2"), HttpRunner)

@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -89,6 +89,17 @@ class _InvalidReward(ValueError):
 
 class _HandlerTimeout(Exception):
     pass
+
+
+class _HandlerAborted(Exception):
+    """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, a
+    custom one) raised by a handler, carried as an ``Exception``: it fails that rollout, and never
+    reaches the event loop (asyncio re-raises ``SystemExit``/``KeyboardInterrupt`` from a task
+    into the loop, which would stop the trainer)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original = original
 
 
 def _outcome_from_result(result: Any) -> tuple[float, dict[str, float]]:
@@ -225,8 +236,10 @@ class _HandlerThreads:
             value: Any
             try:
                 ok, value = True, fn()
-            except BaseException as exc:  # handed to the awaiting coroutine
+            except Exception as exc:  # handed to the awaiting coroutine
                 ok, value = False, exc
+            except BaseException as exc:  # SystemExit & co.: a failed handler, never the loop's
+                ok, value = False, _HandlerAborted(exc)
             finally:
                 with self._lock:
                     self._alive -= 1
@@ -244,6 +257,44 @@ class _HandlerThreads:
             self._slots.release()
             raise
         return await future
+
+
+def _cancel(task: asyncio.Future[Any]) -> None:
+    """Cancel a task of this or another event loop (a task may only be touched on its own)."""
+    owner = task.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if owner is running:
+        task.cancel()
+    else:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: the task is gone anyway
+            owner.call_soon_threadsafe(task.cancel)
+
+
+async def _wait_tasks(
+    tasks: Collection[asyncio.Future[Any]], timeout: float | None
+) -> set[asyncio.Future[Any]]:
+    """Wait for tasks of any event loop: the running loop's are awaited, other loops' polled
+    (awaiting a future of another loop raises). Returns the ones still pending at ``timeout``."""
+    loop = asyncio.get_running_loop()
+    end = None if timeout is None else loop.time() + timeout
+    own = {t for t in tasks if t.get_loop() is loop}
+    if own:
+        await asyncio.wait(own, timeout=timeout)
+    delay = 0.005
+    while foreign := [
+        t
+        for t in tasks
+        if t.get_loop() is not loop and not t.done() and not t.get_loop().is_closed()
+    ]:
+        left = None if end is None else end - loop.time()
+        if left is not None and left <= 0:
+            return {*foreign, *(t for t in own if not t.done())}
+        await asyncio.sleep(delay if left is None else min(delay, left))
+        delay = min(delay * 2, 0.1)
+    return {t for t in own if not t.done()}
 
 
 @dataclass
@@ -286,6 +337,9 @@ class RolloutApp:
         self.debug = debug
         self._handler: Handler | None = None
         self._takes_context = False
+        # One app may serve several event loops at once (a shared LocalRunner used from threads,
+        # each with its own loop): this lock guards the state they share.
+        self._lock = threading.Lock()
         self._running: dict[str, asyncio.Task[None]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._final_posts: set[asyncio.Task[bool]] = set()
@@ -391,25 +445,41 @@ class RolloutApp:
             raise ValueError(f"not a rollout payload: no {PAYLOAD_KEY!r} key")
         self.handler  # noqa: B018 - fail here, not in the background, when nothing is registered
         sid = rc.session_id
-        if sid not in self._running and sid not in self._finished:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if sid in self._running or sid in self._finished:
+                return {"status": "accepted", "session_id": sid}
             ctx = InvocationContext(
                 session_id=session_id or sid, headers=dict(headers or {}), rollout=rc
             )
-            task = asyncio.get_running_loop().create_task(
-                self._run_rollout(payload, ctx, rc), name=f"rollout-{sid}"
-            )
+            task = loop.create_task(self._run_rollout(payload, ctx, rc), name=f"rollout-{sid}")
             self._running[sid] = task
-            self._touch()
-            task.add_done_callback(functools.partial(self._forget, sid))
+        self._touch()
+        task.add_done_callback(functools.partial(self._forget, sid))
         return {"status": "accepted", "session_id": sid}
 
     def _forget(self, sid: str, task: asyncio.Task[None]) -> None:
-        if self._running.get(sid) is task:
-            del self._running[sid]
-        self._finished[sid] = None
-        while len(self._finished) > _FINISHED_MEMORY:
-            self._finished.popitem(last=False)
+        with self._lock:
+            if self._running.get(sid) is task:
+                del self._running[sid]
+            self._finished[sid] = None
+            while len(self._finished) > _FINISHED_MEMORY:
+                self._finished.popitem(last=False)
         self._touch()
+
+    def _discard_post(self, post: asyncio.Task[bool]) -> None:
+        with self._lock:
+            self._final_posts.discard(post)
+
+    def _live_tasks(self) -> list[asyncio.Task[None]]:
+        """The running rollouts' tasks; ones of a closed event loop (they can never finish, and
+        their done callbacks never run) are forgotten."""
+        with self._lock:
+            dead = [s for s, t in self._running.items() if t.get_loop().is_closed()]
+            for sid in dead:
+                del self._running[sid]
+                self._finished[sid] = None
+            return list(self._running.values())
 
     def _touch(self) -> None:
         self._last_update = int(time.time())
@@ -436,8 +506,9 @@ class RolloutApp:
                     error="rollout cancelled: the agent process shut down",
                 )
                 post = asyncio.get_running_loop().create_task(self._final_report(rc, final, state))
-                self._final_posts.add(post)
-                post.add_done_callback(self._final_posts.discard)
+                with self._lock:
+                    self._final_posts.add(post)
+                post.add_done_callback(self._discard_post)
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(post)  # cancelled again: the post goes on regardless
             raise
@@ -463,7 +534,13 @@ class RolloutApp:
             return self._failed(rc, exc.__cause__ or exc)
         except _InvalidReward as exc:
             return RolloutOutcome("failed", self.failure_reward, error=f"invalid reward: {exc}")
+        except _HandlerAborted as exc:
+            return self._failed(rc, exc.original)
         except Exception as exc:
+            return self._failed(rc, exc)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # a cancelled (or closed) rollout: _run_rollout posts its record
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, a custom BaseException
             return self._failed(rc, exc)
 
     async def _guarded(self, payload: Mapping[str, Any], ctx: InvocationContext) -> Any:
@@ -472,20 +549,30 @@ class RolloutApp:
             return await self._call_handler(payload, ctx, rollout=True)
         except (asyncio.TimeoutError, TimeoutError) as exc:
             raise _HandlerTimeout(str(exc)) from exc
+        except (Exception, asyncio.CancelledError, GeneratorExit):
+            raise
+        except BaseException as exc:
+            # wait_for may run this in a task of its own (Python < 3.12), and a task re-raises
+            # SystemExit/KeyboardInterrupt into the event loop: carry it as an Exception instead
+            raise _HandlerAborted(exc) from exc
 
     def _failed(self, rc: RolloutContext, exc: BaseException) -> RolloutOutcome:
         log.warning("rollout %s failed: %s: %s", rc.session_id, type(exc).__name__, exc)
         return RolloutOutcome("failed", self.failure_reward, error=f"{type(exc).__name__}: {exc}")
 
     async def _client(self) -> aiohttp.ClientSession:
+        """This event loop's HTTP pool (an aiohttp session is bound to the loop it was made on)."""
         loop = asyncio.get_running_loop()
-        client = self._http.get(loop)
-        if client is None or client.closed:
-            client = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.post_timeout),
-                connector=aiohttp.TCPConnector(limit=64),
-            )
-            self._http[loop] = client
+        with self._lock:
+            client = self._http.get(loop)
+            if client is None or client.closed:
+                for gone in [lp for lp in self._http if lp.is_closed()]:
+                    del self._http[gone]  # nothing can close those any more; do not hold them
+                client = aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self.post_timeout),
+                    connector=aiohttp.TCPConnector(limit=64),
+                )
+                self._http[loop] = client
         return client
 
     async def _post_once(
@@ -531,7 +618,8 @@ class RolloutApp:
                 status, text = await self._post_once(rc, body, timeout)
                 if status < 300:
                     state.accepted = True
-                    self.completed += 1
+                    with self._lock:
+                        self.completed += 1
                     return True
                 if status == 409:  # already terminal with another record: nothing to add
                     state.accepted = True
@@ -582,43 +670,90 @@ class RolloutApp:
             await asyncio.shield(task)
 
     async def wait_idle(self, timeout: float | None = None) -> None:
-        """Return once no rollout runs (or raise ``TimeoutError``)."""
+        """Return once no rollout runs, on any event loop (or raise ``TimeoutError``)."""
 
         async def _wait() -> None:
-            while self._running:
-                await asyncio.gather(*list(self._running.values()), return_exceptions=True)
+            while tasks := self._live_tasks():
+                await _wait_tasks(tasks, None)
 
         await asyncio.wait_for(_wait(), timeout)
 
+    async def wait_sessions(
+        self, session_ids: Iterable[str] | None = None, timeout: float | None = None
+    ) -> bool:
+        """Wait for these sessions' rollouts to end (their terminal records are posted by then);
+        ``None``: every rollout of the running event loop. Rollouts of other sessions are not
+        waited for, wherever they run. True when all ended within ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        tasks = self._live_tasks()
+        if session_ids is None:
+            wanted = [t for t in tasks if t.get_loop() is loop]
+        else:
+            with self._lock:
+                found = (self._running.get(sid) for sid in set(session_ids))
+                wanted = [t for t in found if t is not None]
+        return not await _wait_tasks(wanted, timeout)
+
     async def close_http(self) -> None:
         """Close this event loop's HTTP pool (a later report opens a new one)."""
-        client = self._http.pop(asyncio.get_running_loop(), None)
+        with self._lock:
+            client = self._http.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.close()
 
+    async def close_idle_http(self) -> bool:
+        """Close this event loop's HTTP pool unless a rollout or record post of this loop may
+        still use it (a later report opens a new one). True when no pool of this loop is left."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            in_use = any(
+                t.get_loop() is loop and not t.done()
+                for t in (*self._running.values(), *self._final_posts)
+            )
+            client = None if in_use else self._http.pop(loop, None)
+        if client is not None:
+            await client.close()
+        return not in_use
+
+    async def _close_all_http(self, timeout: float = 5.0) -> None:
+        """Close every loop's HTTP pool, each on its own loop (the owner's close)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            clients, self._http = self._http, {}
+        for owner, client in clients.items():
+            if owner is loop:
+                await client.close()
+            elif owner.is_running() and not owner.is_closed():
+                with contextlib.suppress(Exception):  # that loop stopped meanwhile: nothing to do
+                    done = asyncio.run_coroutine_threadsafe(client.close(), owner)
+                    await asyncio.wait_for(asyncio.wrap_future(done), timeout)
+
     async def shutdown(self) -> None:
-        """Cancel running rollouts and post their records, all within ``shutdown_timeout``
-        seconds together; close HTTP clients. Sync handler threads are not waited for (they cannot
-        be stopped, and being daemon threads they do not hold up the process's exit)."""
+        """Cancel running rollouts (on every event loop) and post their records, all within
+        ``shutdown_timeout`` seconds together; close HTTP clients. Sync handler threads are not
+        waited for (they cannot be stopped, and being daemon threads they do not hold up the
+        process's exit)."""
         loop = asyncio.get_running_loop()
         self._stop_at = loop.time() + self.shutdown_timeout
         try:
-            tasks = list(self._running.values())
+            tasks = self._live_tasks()
             for task in tasks:
-                task.cancel()
-            pending: set[asyncio.Future[Any]] = {*tasks, *self._final_posts}
+                _cancel(task)
+            with self._lock:
+                posts = list(self._final_posts)
+            pending: list[asyncio.Future[Any]] = [*tasks, *posts]
             if pending:
                 # every post gives up at _stop_at by itself; the margin covers the last attempt
-                _, late = await asyncio.wait(pending, timeout=self.shutdown_timeout + 1.0)
-                for task in late:
-                    task.cancel()
+                late = await _wait_tasks(pending, self.shutdown_timeout + 1.0)
+                for fut in late:
+                    _cancel(fut)
                 if late:
                     log.error(
                         "shutdown: %d rollout(s) did not post their record within %.0fs",
                         len(late),
                         self.shutdown_timeout,
                     )
-            await self.close_http()
+            await self._close_all_http()
         finally:
             self._stop_at = None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import time
 import uuid
@@ -253,6 +254,7 @@ class RolloutClient:
         progress, bar = self._progress(len(tasks) * self.group_size)
         tick: Callable[[Rollout], None] = lambda r: self._tick(progress, bar, r)  # noqa: E731
         jobs: list[asyncio.Task[Group]] = []
+        sids: list[str] = []  # this run's sessions, for the runner's drain
         clean = False
         try:
             for i, task in enumerate(tasks):
@@ -263,7 +265,7 @@ class RolloutClient:
                 order.append(gid)
                 jobs.append(
                     asyncio.create_task(
-                        self._group(gw, runner, sem, limiter, dict(task), tid, gid, tick)
+                        self._group(gw, runner, sem, limiter, dict(task), tid, gid, tick, sids)
                     )
                 )
             for fut in asyncio.as_completed(jobs):
@@ -286,8 +288,8 @@ class RolloutClient:
                 progress.stop()
             if owned and not clean:  # rollouts may still run: cancel them (terminal records too)
                 await self._close_runner()
-            elif (drain := getattr(runner, "drain", None)) is not None:
-                await drain()
+            else:
+                await self._drain(runner, sids)
             await gw.aclose()
             self.stats.wall_s = time.monotonic() - started
 
@@ -335,10 +337,11 @@ class RolloutClient:
         task_id: str,
         group_id: str,
         tick: Callable[[Rollout], None],
+        sids: list[str],
     ) -> Group:
         rollouts = await asyncio.gather(
             *(
-                self._rollout(gw, runner, sem, limiter, task, task_id, group_id, k, tick)
+                self._rollout(gw, runner, sem, limiter, task, task_id, group_id, k, tick, sids)
                 for k in range(self.group_size)
             )
         )
@@ -355,6 +358,7 @@ class RolloutClient:
         group_id: str,
         index: int,
         tick: Callable[[Rollout], None],
+        sids: list[str],
     ) -> Rollout:
         async with sem:
             await limiter.acquire()
@@ -373,6 +377,7 @@ class RolloutClient:
                 ),
             )
             sid = handle.session_id
+            sids.append(sid)
             deadline_at = time.time() + self.deadline
             payload = {k: v for k, v in task.items() if k != PAYLOAD_KEY}
             payload[PAYLOAD_KEY] = {
@@ -442,6 +447,21 @@ class RolloutClient:
             await asyncio.sleep(delay)
             delay *= 2
         return "unreachable"
+
+    async def _drain(self, runner: Runner, sids: list[str]) -> None:
+        """End the run on a runner the client does not own: ``runner.drain(session_ids)`` for this
+        run's sessions only (the runner may be shared with other runs). Best effort: a failing
+        drain is logged, and the run's groups are kept."""
+        drain = getattr(runner, "drain", None)
+        if drain is None:
+            return
+        try:
+            if _takes_argument(drain):
+                await drain(list(sids))
+            else:  # a runner written against the older drain() protocol
+                await drain()
+        except Exception as exc:
+            log.warning("runner.drain failed after the run: %s: %s", type(exc).__name__, exc)
 
     async def _release(self, runner: Runner, sid: str) -> None:
         release = getattr(runner, "release", None)
@@ -605,6 +625,17 @@ class _GatewayError(RuntimeError):
     def __init__(self, status_code: int, message: str) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+def _takes_argument(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` accepts one positional argument."""
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read: assume the current protocol
+        return True
+    return True
 
 
 def _transient(exc: BaseException) -> bool:

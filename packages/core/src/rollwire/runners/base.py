@@ -50,8 +50,11 @@ class Runner(Protocol):
     """Delivers rollout payloads to agents. ``invoke`` returns once the agent accepted the rollout
     (it runs on in the background and reports to the gateway); it raises :class:`RunnerError` when
     the agent could not be reached. Optional: ``release(session_id)`` frees per-session resources
-    once a rollout is terminal; ``drain()`` ends a run for a runner the client does not own (it
-    is called instead of ``aclose``), e.g. to close connection pools bound to the event loop."""
+    once a rollout is terminal; ``drain(session_ids)`` ends a run for a runner the client does not
+    own (it is called instead of ``aclose``) with the ids of that run's sessions. A runner may be
+    shared by concurrent runs, on several event loops: ``drain`` must wait for, and free, only
+    what belongs to those sessions, and never close a pool another run still uses. (A ``drain()``
+    that takes no argument is still called, without the ids.)"""
 
     async def invoke(self, payload: Mapping[str, Any], session_id: str) -> None:
         """Start the rollout in ``payload`` for ``session_id``."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -24,6 +26,9 @@ class HttpRunner:
     agent running the same session. Only a refused connection, where nothing was delivered, moves
     the session to the next agent. Transport errors, 5xx and 429 raise a retryable
     :class:`RunnerError`; another 4xx means the agent refused the payload (not retryable).
+
+    One runner may serve concurrent runs on several event loops: each loop has its own connection
+    pool, and a run's :meth:`drain` closes its loop's pool only when no invocation uses it.
     """
 
     def __init__(
@@ -37,15 +42,23 @@ class HttpRunner:
         self._moved: dict[str, int] = {}  # sessions moved on from agents that refused connections
         self.timeout = timeout
         self.max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._lock = threading.Lock()
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._in_flight: dict[asyncio.AbstractEventLoop, int] = {}
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-                connector=aiohttp.TCPConnector(limit=self.max_connections),
-            )
-        return self._session
+    def _http(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
+        """The pool of ``loop`` (the running one): an aiohttp session is bound to its loop."""
+        with self._lock:
+            session = self._sessions.get(loop)
+            if session is None or session.closed:
+                for gone in [lp for lp in self._sessions if lp.is_closed()]:
+                    del self._sessions[gone]
+                session = aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self.timeout),
+                    connector=aiohttp.TCPConnector(limit=self.max_connections),
+                )
+                self._sessions[loop] = session
+            return session
 
     def url_for(self, session_id: str) -> str:
         """The agent this session is pinned to."""
@@ -56,8 +69,11 @@ class HttpRunner:
     async def invoke(self, payload: Mapping[str, Any], session_id: str) -> None:
         """POST the payload to the session's agent."""
         url = self.url_for(session_id)
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._in_flight[loop] = self._in_flight.get(loop, 0) + 1
         try:
-            async with self._http().post(
+            async with self._http(loop).post(
                 f"{url}/invocations", json=dict(payload), headers={SESSION_HEADER: session_id}
             ) as resp:
                 status, text = resp.status, await resp.text()
@@ -70,6 +86,11 @@ class HttpRunner:
             raise RunnerError(
                 f"could not reach the agent at {url}: {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            with self._lock:
+                left = self._in_flight.pop(loop) - 1
+                if left:
+                    self._in_flight[loop] = left
         if status >= 300:
             raise RunnerError(
                 f"agent at {url}/invocations answered HTTP {status}: {text[:300]}",
@@ -80,12 +101,23 @@ class HttpRunner:
         """Forget the session's pinning once it is terminal."""
         self._moved.pop(session_id, None)
 
-    async def drain(self) -> None:
-        """Close the connection pool (it is bound to the run's event loop)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    async def drain(self, session_ids: Iterable[str] | None = None) -> None:
+        """After a run: close this event loop's pool unless another run's invocation uses it."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            session = None if self._in_flight.get(loop) else self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self.drain()
+        """Close the connection pools, each on its own event loop."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            sessions, self._sessions = self._sessions, {}
+        for owner, session in sessions.items():
+            if owner is loop:
+                await session.close()
+            elif owner.is_running() and not owner.is_closed():
+                with contextlib.suppress(Exception):  # that loop stopped meanwhile
+                    done = asyncio.run_coroutine_threadsafe(session.close(), owner)
+                    await asyncio.wait_for(asyncio.wrap_future(done), 5.0)

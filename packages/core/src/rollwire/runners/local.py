@@ -1,9 +1,13 @@
-"""In-process runner: the agent's entrypoint runs as an asyncio task of the trainer's event loop."""
+"""In-process runner: the agent's entrypoint runs as an asyncio task of the trainer's event loop.
+
+One LocalRunner may be shared by concurrent runs, on one event loop or on several (threads, each
+with its own ``asyncio.run``): a rollout runs on the loop that invoked it, and a run's
+:meth:`~LocalRunner.drain` waits for its own sessions only.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rollwire.app import RolloutApp
@@ -40,14 +44,14 @@ class LocalRunner:
         except ValueError as exc:
             raise RunnerError(f"local runner could not start the rollout: {exc}") from exc
 
-    async def drain(self, timeout: float = 30.0) -> None:
-        """After a run: let finishing rollouts post their records, then close this loop's pool."""
-        try:
-            await self.app.wait_idle(timeout)
-        except asyncio.TimeoutError:
-            pass
-        await self.app.close_http()
+    async def drain(self, session_ids: Iterable[str] | None = None, timeout: float = 30.0) -> None:
+        """After a run: let its rollouts (``session_ids``; None: all of this event loop's) post
+        their records, up to ``timeout`` seconds, then close this loop's HTTP pool unless another
+        run's rollout still uses it. Other runs' rollouts are neither waited for nor disturbed."""
+        await self.app.wait_sessions(session_ids, timeout)
+        await self.app.close_idle_http()
 
     async def aclose(self) -> None:
-        """Cancel rollouts still running (each still gets its terminal record)."""
+        """Cancel rollouts still running, on every event loop (each still gets its terminal
+        record), and close the HTTP pools: for the runner's owner, once no run uses it."""
         await self.app.shutdown()

@@ -7,10 +7,11 @@ worker must be able to import ``module:app`` (ship it in the image or a Ray ``ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -134,18 +135,24 @@ class RayRunner:
         if watcher is not None and not watcher.done():
             watcher.cancel()
 
-    async def drain(self) -> None:
-        """End of a run: stop watching (watchers are bound to the run's event loop); Ray stays up
-        for the next run."""
-        watchers = list(self._watchers.values())
-        self._watchers.clear()
+    async def drain(self, session_ids: Iterable[str] | None = None) -> None:
+        """End of a run: stop watching its sessions (``None``: all of this event loop's; watchers
+        are bound to the run's loop). Other runs' watchers are left alone; Ray stays up."""
+        loop = asyncio.get_running_loop()
+        if session_ids is None:
+            session_ids = [s for s, w in self._watchers.items() if w.get_loop() is loop]
+        watchers = [w for s in set(session_ids) if (w := self._watchers.pop(s, None)) is not None]
         for watcher in watchers:
-            watcher.cancel()
-        await asyncio.gather(*watchers, return_exceptions=True)
+            if watcher.get_loop() is loop:
+                watcher.cancel()
+            else:
+                with contextlib.suppress(RuntimeError):  # its loop is closed
+                    watcher.get_loop().call_soon_threadsafe(watcher.cancel)
+        await asyncio.gather(*(w for w in watchers if w.get_loop() is loop), return_exceptions=True)
 
     async def aclose(self) -> None:
         """Cancel tasks still running; shut Ray down when this runner started it."""
-        await self.drain()
+        await self.drain(list(self._watchers))
         for ref in self._refs.values():
             try:
                 self._ray.cancel(ref)
