@@ -55,3 +55,13 @@ def test_served_model_name_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     r = CliRunner().invoke(cli.engine_app, ["serve", "--any-model-name"])
     assert r.exit_code == 0, r.output
     assert seen["strict_model_name"] is False
+
+
+def test_openai_ids_style_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(cli, "_serve", lambda **kw: seen.update(kw))
+    r = CliRunner().invoke(cli.engine_app, ["serve", "--openai-ids-style", "sglang"])
+    assert r.exit_code == 0, r.output
+    assert seen["openai_ids_style"] == "sglang"
+    r = CliRunner().invoke(cli.engine_app, ["serve"])
+    assert seen["openai_ids_style"] == "vllm"

@@ -879,3 +879,49 @@ def test_scripted_multi_turn_reuses_prefix_with_real_logprobs(engine: EmbeddedEn
         msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
         msgs.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny"})
         msgs.append({"role": "user", "content": f"and the weather in City{turn}?"})
+
+
+# ---------------------------------------------------------------- SGLang-style token ids
+def test_stream_honours_return_output_ids_in_sglext(engine: EmbeddedEngine) -> None:
+    """SGLang's stream ids: one final chunk ``choices: []`` + ``sglext``, before [DONE]."""
+    for path, body in (
+        ("/v1/chat/completions", {"messages": MSGS}),
+        ("/v1/completions", {"prompt": "Say something."}),
+    ):
+        req = {"model": "rollwire-tiny", **body, "max_tokens": 6, "seed": 3}
+        chunks, done = _stream(engine, path, {**req, "return_output_ids_in_sglext": True})
+        assert done
+        ext = chunks[-1]
+        assert ext["choices"] == [] and set(ext["sglext"]) == {"input_ids", "output_ids"}
+        assert all("sglext" not in ch for ch in chunks[:-1])
+        plain = _post(engine, path, {**req, "return_token_ids": True}).json()
+        prompt = plain.get("prompt_token_ids") or plain["choices"][0]["prompt_token_ids"]
+        assert ext["sglext"]["input_ids"] == prompt
+        assert ext["sglext"]["output_ids"] == plain["choices"][0]["token_ids"]
+        chunks, _ = _stream(engine, path, req)
+        assert all("sglext" not in ch for ch in chunks)
+
+
+def test_sglang_ids_style_chat() -> None:
+    with EmbeddedEngine(openai_ids_style="sglang") as eng:
+        req = {"model": "rollwire-tiny", "messages": MSGS, "max_tokens": 6, "seed": 3}
+        out = _post(eng, "/v1/chat/completions", {**req, "return_token_ids": True}).json()
+        choice = out["choices"][0]
+        assert out.get("prompt_token_ids") is None and "token_ids" not in choice
+        prompt = eng.tokenizer.encode(eng.tokenizer.render_chat(MSGS, None))
+        assert choice["prompt_token_ids"] == prompt
+        assert len(choice["response_token_ids"]) == out["usage"]["completion_tokens"]
+        plain = _post(eng, "/v1/chat/completions", req).json()["choices"][0]
+        assert "response_token_ids" not in plain and "prompt_token_ids" not in plain
+        r = _post(eng, "/v1/chat/completions", {**req, "stream": True, "return_token_ids": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_ids"
+        assert "return_output_ids_in_sglext" in r.json()["error"]["message"]
+        chunks, done = _stream(
+            eng, "/v1/chat/completions", {**req, "return_output_ids_in_sglext": True}
+        )
+        assert done and chunks[-1]["sglext"] == {
+            "input_ids": choice["prompt_token_ids"],
+            "output_ids": choice["response_token_ids"],
+        }
+    with pytest.raises(ValueError, match="openai_ids_style"):
+        EngineConfig(openai_ids_style="tgi")  # type: ignore[arg-type]

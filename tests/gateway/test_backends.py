@@ -265,3 +265,73 @@ def test_backend_dying_mid_answer_is_retried_on_a_healthy_one() -> None:
             assert {b["name"]: b["healthy"] for b in c.backends()}["b0"] is False
     finally:
         dying.close()
+
+
+class _RenamedBackend(NullBackend):
+    """A NullBackend whose ``GET /v1/models`` answers ``served`` (changeable, like a restart
+    under another served model name)."""
+
+    served = "served-a"
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/v1/models":
+            body = orjson.dumps({"object": "list", "data": [{"id": self.served}]})
+            await send(  # type: ignore[operator]
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+            return
+        await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+
+
+def _wait_for(cond: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_served_model_name_is_rediscovered_unless_pinned() -> None:
+    """A backend restarted under a new served name is followed at the next health check; a
+    name pinned with ``add_backend(model=...)`` is never replaced."""
+    nb, pinned = _RenamedBackend(), _RenamedBackend()
+    with (
+        ServerThread(nb) as server,
+        ServerThread(pinned) as pinned_server,
+        serve_in_thread(backends=[(server.url, "vllm")], health_interval=0.1) as gw,
+        gw.client() as c,
+    ):
+        _wait_for(lambda: c.backends()[0]["model"] == "served-a")
+        h = c.create_session()
+        body = {"model": "policy", "messages": MSGS}
+        assert httpx.post(h.base_url + "/chat/completions", json=body).status_code == 200
+        assert nb.requests[-1][0]["model"] == "served-a"
+        nb.served = "served-b"
+        _wait_for(lambda: c.backends()[0]["model"] == "served-b")
+        assert httpx.post(h.base_url + "/chat/completions", json=body).status_code == 200
+        assert nb.requests[-1][0]["model"] == "served-b"
+        info = c.backends()[0]
+        assert info["model_pinned"] is False
+
+        c.remove_backend(info["name"])
+        listed = c.add_backend(pinned_server.url, name="pinned", model="fixed-name")
+        assert listed[0]["model"] == "fixed-name" and listed[0]["model_pinned"] is True
+        pinned.served = "served-c"
+        time.sleep(0.4)  # a few health checks
+        assert c.backends()[0]["model"] == "fixed-name"
+        h = c.create_session()
+        assert httpx.post(h.base_url + "/chat/completions", json=body).status_code == 200
+        assert pinned.requests[-1][0]["model"] == "fixed-name"
+
+
+async def test_async_add_backend_pins_model() -> None:
+    from rollwire.gateway_client import AsyncGatewayClient
+
+    with ServerThread(NullBackend()) as server, serve_in_thread(backends=[]) as gw:
+        async with AsyncGatewayClient(gw.url, admin_key=gw.admin_key) as c:
+            listed = await c.add_backend(server.url, name="x", model="pinned-name")
+            assert listed[0]["model"] == "pinned-name" and listed[0]["model_pinned"] is True

@@ -184,3 +184,86 @@ def test_create_session_validates(client: GatewayClient) -> None:
         with pytest.raises(GatewayAPIError) as exc:
             client.create_session(**bad)
         assert exc.value.status_code == 400
+
+
+def test_wait_leaves_no_waiter_behind(gateway: RunningGateway, client: GatewayClient) -> None:
+    """Every ``/wait`` removes its entry when the last waiter leaves: after completion, after a
+    timeout, and when the session is deleted under it."""
+    gw = gateway.gateway
+    for _ in range(5):
+        h = client.create_session()
+        client.complete(h.session_id, reward=1.0)
+        client.wait(h.session_id, timeout=1)
+    h = client.create_session()
+    assert client.wait(h.session_id, timeout=0.1).status == "running"
+    assert gw.waiters == {} and gw.waiter_counts == {}
+
+    # Two waiters on one session; the first to time out must not take the other's entry.
+    results: list[str] = []
+    slow = threading.Thread(
+        target=lambda: results.append(client.wait(h.session_id, timeout=20).status)
+    )
+    slow.start()
+    deadline = time.monotonic() + 5
+    while h.session_id not in gw.waiters and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.wait(h.session_id, timeout=0.1).status == "running"
+    assert gw.waiter_counts.get(h.session_id) == 1
+    client.complete(h.session_id, reward=1.0)
+    slow.join(5)
+    assert results == ["completed"] and gw.waiters == {} and gw.waiter_counts == {}
+
+    # Deleted while waited on: the waiter is woken (404) and nothing is left.
+    h = client.create_session()
+    errors: list[int] = []
+
+    def waiter() -> None:
+        try:
+            client.wait(h.session_id, timeout=20)
+        except GatewayAPIError as exc:
+            errors.append(exc.status_code)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    deadline = time.monotonic() + 5
+    while h.session_id not in gw.waiters and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    client.delete_session(h.session_id)
+    t.join(5)
+    assert errors == [404] and time.monotonic() - t0 < 2
+    assert gw.waiters == {} and gw.waiter_counts == {}
+
+
+def test_control_plane_errors_are_openai_shaped(gateway: RunningGateway) -> None:
+    headers = {"authorization": f"Bearer {gateway.admin_key}"}
+    api = gateway.url + "/api"
+    sid = httpx.post(api + "/sessions", json={}, headers=headers).json()["session_id"]
+    for bad in (["completed"], 1, {"x": 1}, "weird"):
+        r = httpx.post(f"{api}/sessions/{sid}/complete", json={"status": bad}, headers=headers)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.headers["content-type"] == "application/json"
+        assert "status must be one of" in r.json()["error"]["message"]
+    for limit in ("9" * 24, "100001", "0", "-1", "x", "１"):
+        r = httpx.get(api + "/sessions", params={"limit": limit}, headers=headers)
+        assert r.status_code == 400, (limit, r.text)
+        assert r.json()["error"]["code"] == "invalid_query"
+    r = httpx.get(api + "/sessions", params={"limit": "100000"}, headers=headers)
+    assert r.status_code == 200
+
+
+def test_control_plane_unexpected_error_is_openai_shaped(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("store exploded")
+
+    monkeypatch.setattr(gateway.gateway.store, "list_sessions", broken)
+    r = httpx.get(
+        gateway.url + "/api/sessions",
+        headers={"authorization": f"Bearer {gateway.admin_key}"},
+    )
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and err["code"] == "internal_error"
+    assert "store exploded" in err["message"]

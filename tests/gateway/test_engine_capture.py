@@ -163,3 +163,76 @@ def test_capture_matches_the_engine(
             ]
             c.complete(plain.session_id, reward=0.0)
         c.complete(h.session_id, reward=1.0)
+
+
+@pytest.fixture(scope="module", params=["vllm", "sglang"], ids=["vllm-ids", "sglang-ids"])
+def sglang_kind_gateway(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[EmbeddedEngine, RunningGateway]]:
+    """The engine behind a ``kind=sglang`` backend, serving ids in either style (the gateway
+    asks for ``return_output_ids_in_sglext`` on streams, ``return_token_ids`` otherwise)."""
+    cfg = EngineConfig(scripted=script, default_max_tokens=64, openai_ids_style=request.param)
+    with EmbeddedEngine(cfg) as eng, serve_in_thread(backends=[(eng.url, "sglang")]) as gw:
+        yield eng, gw
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_sglang_kind_chat_captures_the_engine_ids(
+    sglang_kind_gateway: tuple[EmbeddedEngine, RunningGateway], stream: bool
+) -> None:
+    eng, gw = sglang_kind_gateway
+    messages = [{"role": "user", "content": "what is 2 + 3?"}]
+    with gw.client() as c:
+        h = c.create_session(sampling={"temperature": 1.0})
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        if stream:
+            chunks = list(
+                oai.chat.completions.create(model="policy", messages=messages, stream=True)  # type: ignore[arg-type]
+            )
+            assert all("sglext" not in (ch.model_extra or {}) for ch in chunks)
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        else:
+            r = oai.chat.completions.create(model="policy", messages=messages)  # type: ignore[arg-type]
+            extra = r.choices[0].model_extra or {}
+            assert "response_token_ids" not in extra and "token_ids" not in extra
+            text = r.choices[0].message.content or ""
+        oai.close()
+        assert text == FINAL_TEXT
+        (call,) = c.calls(h.session_id)
+        assert call.status == "ok" and call.trainable and call.stream is stream
+        assert call.flags == [] and call.logprobs_mode == "processed"
+        # What the engine generated, independently of the gateway: the script's text and the
+        # engine's own rendering of the prompt.
+        tok = eng.tokenizer
+        assert call.completion_ids.tolist() == [*tok.encode(FINAL_TEXT), tok.eos_id]
+        assert call.prompt_ids.tolist() == tok.encode(tok.render_chat(messages, None))
+        assert call.logprobs.shape == call.completion_ids.shape
+        np.testing.assert_allclose(call.logprobs, _recomputed_logprobs(eng, call), atol=1e-4)
+        c.complete(h.session_id, reward=1.0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_sglang_kind_sampled_ids_match_the_text(
+    sglang_kind_gateway: tuple[EmbeddedEngine, RunningGateway], stream: bool
+) -> None:
+    """Unscripted (sampled) text: the captured ids decode to what the agent was sent."""
+    eng, gw = sglang_kind_gateway
+    with gw.client() as c:
+        h = c.create_session(sampling={"max_tokens": 8})
+        body = {"model": "policy", "prompt": "once upon a time", "stream": stream}
+        r = httpx.post(h.base_url + "/completions", json=body, timeout=60)
+        assert r.status_code == 200
+        if stream:
+            events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: ")]
+            text = "".join(
+                ch["choices"][0]["text"] for ch in map(json.loads, events[:-1]) if ch.get("choices")
+            )
+        else:
+            text = r.json()["choices"][0]["text"]
+        (call,) = c.calls(h.session_id)
+        assert call.status == "ok" and call.trainable
+        n = call.completion_ids.shape[0]
+        assert 0 < n <= 8 and call.logprobs.shape == (n,)
+        decoded = eng.tokenizer.decode(call.completion_ids.tolist(), skip_special_tokens=True)
+        assert decoded == text
+        assert call.prompt_ids.tolist() == eng.tokenizer.encode("once upon a time")

@@ -22,13 +22,15 @@ from rollwire.gateway_client import GatewayAPIError, GatewayClient
 from rollwire.serving import ServerThread
 
 MSGS = [{"role": "user", "content": "hi"}]
+_JSON = b"application/json"
 
 Handler = Callable[[dict[str, Any]], Any]
 
 
 class FakeBackend:
     """A tiny vLLM-shaped ASGI backend whose answer a test writes: ``handler(body)`` returns a
-    dict (JSON answer) or a list of SSE payloads (bytes, sent as ``data: ...`` events)."""
+    dict (JSON answer), a list of SSE payloads (bytes, sent as ``data: ...`` events) or a
+    ``(status, body, content_type)`` tuple sent as it is."""
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
@@ -46,7 +48,9 @@ class FakeBackend:
             await _send(send, 200, b"{}", b"application/json")
             return
         answer = self.handler(orjson.loads(raw))
-        if isinstance(answer, list):
+        if isinstance(answer, tuple):  # (status, raw body, content type)
+            await _send(send, *answer)
+        elif isinstance(answer, list):
             body = b"".join(b"data: " + e + b"\n\n" for e in answer)
             await _send(send, 200, body, b"text/event-stream")
         else:
@@ -436,3 +440,104 @@ def test_session_id_with_line_breaks_streams(client: GatewayClient) -> None:
     assert r.status_code == 200 and b"[DONE]" in r.content
     (call,) = client.calls(quote(h.session_id, safe=""))
     assert call.status == "ok"
+
+
+# ---------------------------------------------------------------- backend error bodies
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("status", "body", "ctype", "said"),
+    [
+        (500, b"Internal Server Error", b"text/plain", "Internal Server Error"),
+        (502, b"<html>bad gateway</html>", b"text/html", "<html>bad gateway</html>"),
+        (400, b'{"object": "error", "message": "too long", "code": 400}', _JSON, "too long"),
+        (503, b"", b"text/plain", "(empty body)"),
+    ],
+)
+def test_backend_error_that_is_not_openai_shaped_is_wrapped(
+    stream: bool, status: int, body: bytes, ctype: bytes, said: str
+) -> None:
+    with (
+        ServerThread(FakeBackend(lambda b: (status, body, ctype))) as server,
+        serve_in_thread(backends=[(server.url, "vllm")]) as gw,
+        gw.client() as c,
+    ):
+        h = c.create_session()
+        r = _post(
+            h.base_url + "/chat/completions", {"model": "p", "messages": MSGS, "stream": stream}
+        )
+        assert r.status_code == status
+        assert r.headers["content-type"] == "application/json"
+        err = r.json()["error"]
+        assert err["message"] == f"inference backend answered {status}: {said}"
+        assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+        (call,) = c.calls(h.session_id)
+        assert call.status == "failed" and not call.trainable
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_shaped_backend_error_is_passed_through(stream: bool) -> None:
+    body = orjson.dumps({"error": {"message": "bad model", "type": "NotFoundError", "code": 404}})
+    with (
+        ServerThread(FakeBackend(lambda b: (404, body, _JSON))) as server,
+        serve_in_thread(backends=[(server.url, "vllm")]) as gw,
+        gw.client() as c,
+    ):
+        h = c.create_session()
+        r = _post(
+            h.base_url + "/chat/completions", {"model": "p", "messages": MSGS, "stream": stream}
+        )
+        assert r.status_code == 404 and r.content == body
+
+
+# ---------------------------------------------------------------- malformed streams
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"prompt_token_ids": ["a", None]},  # read when the call is committed
+        {"choices": [{"index": 0, "token_ids": 7}]},  # read while relaying
+    ],
+)
+def test_malformed_stream_is_recorded_and_reported(bad: dict[str, Any]) -> None:
+    def handler(body: dict[str, Any]) -> Any:
+        if not body.get("stream"):
+            return vllm_answer()
+        chunk: dict[str, Any] = {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "model": "m",
+            "prompt_token_ids": [1, 2, 3],
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": "h"},
+                    "token_ids": [5],
+                    "logprobs": {"content": [{"token": "h", "logprob": -0.5}]},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+        chunk.update(bad)
+        return [orjson.dumps(chunk), b"[DONE]"]
+
+    with (
+        ServerThread(FakeBackend(handler)) as server,
+        serve_in_thread(backends=[(server.url, "vllm")]) as gw,
+        gw.client() as c,
+    ):
+        h = c.create_session()
+        r = _post(
+            h.base_url + "/chat/completions", {"model": "p", "messages": MSGS, "stream": True}
+        )
+        assert r.status_code == 200
+        events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        err = orjson.loads(events[-2])["error"]
+        assert err["type"] == "server_error"
+        (call,) = c.calls(h.session_id)
+        assert call.status == "failed" and not call.trainable
+        assert call.error and err["message"] in call.error
+        assert gw.gateway.in_flight == 0
+        assert all(b.in_flight == 0 for b in gw.gateway.pool.backends.values())
+        # The session goes on: a good call after it is recorded as usual.
+        assert _post(h.base_url + "/chat/completions").status_code == 200
+        assert [x.status for x in c.calls(h.session_id)] == ["failed", "ok"]

@@ -45,7 +45,9 @@ def _dead_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def _vllm_app(renderer: ChatRenderer, delay: float = 0.0) -> web.Application:
+def _vllm_app(
+    renderer: ChatRenderer, delay: float = 0.0, version: str | None = None
+) -> web.Application:
     """A fake vLLM ``/inference/v1/generate`` that always samples ``REPLY`` + ``<|im_end|>``."""
     ids = [*renderer.encode(REPLY).tolist(), int(renderer.encode("<|im_end|>")[0])]
     app = web.Application()
@@ -60,7 +62,10 @@ def _vllm_app(renderer: ChatRenderer, delay: float = 0.0) -> web.Application:
             "token_ids": ids,
             "logprobs": {"content": [{"token_id": t, "logprob": -0.5} for t in ids]},
         }
-        return web.Response(body=orjson.dumps({"choices": [choice]}))
+        out: dict[str, Any] = {"choices": [choice]}
+        if version is not None:
+            out["weight_version"] = version
+        return web.Response(body=orjson.dumps(out))
 
     app.router.add_post("/inference/v1/generate", generate)
     return app
@@ -103,6 +108,7 @@ class Harness:
         )
         self.state: dict[str, Any] = {}
         self.calls: list[ModelCall] = []
+        self.policy_version: str | None = None
 
     async def chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         backend = self.gateway.pool.pick(self.session.session_id)
@@ -123,7 +129,7 @@ class Harness:
             apply_sampling=apply,
             commit=commit,
             new_call_id=lambda: uuid.uuid4().hex,
-            policy_version=None,
+            policy_version=self.policy_version,
             request_headers={},
             mark_backend_failed=lambda: self.gateway.pool.mark_failed(backend),
             gateway=self.gateway,
@@ -186,6 +192,36 @@ async def test_session_logit_bias_is_refused_and_plain_text_format_served(
     assert status == 200 and body["choices"][0]["message"]["content"] == REPLY
     (call,) = h.calls
     assert call.trainable and not call.off_policy and call.flags == []
+
+
+async def test_backend_weight_version_wins_and_mismatch_is_flagged(
+    http: aiohttp.ClientSession, renderer: ChatRenderer, tokenizer_path: Path
+) -> None:
+    """As in passthrough: the version the backend sampled with is recorded, and one that differs
+    from the trainer's is flagged; without a backend version the trainer's is recorded."""
+    server = TestServer(_vllm_app(renderer, version="w6"), host="127.0.0.1")
+    await server.start_server()
+    try:
+        h = Harness(http, [(_url(server), "vllm")], tokenizer_path)
+        h.policy_version = "w7"
+        assert (await h.chat({"model": "p", "messages": USER}))[0] == 200
+        h.policy_version = "w6"
+        assert (await h.chat({"model": "p", "messages": USER}))[0] == 200
+    finally:
+        await server.close()
+    stale, current = h.calls
+    assert stale.policy_version == "w6" and "policy_version_mismatch" in stale.flags
+    assert current.policy_version == "w6" and "policy_version_mismatch" not in current.flags
+
+
+async def test_trainer_version_recorded_when_backend_reports_none(
+    http: aiohttp.ClientSession, fake_vllm: TestServer, tokenizer_path: Path
+) -> None:
+    h = Harness(http, [(_url(fake_vllm), "vllm")], tokenizer_path)
+    h.policy_version = "w7"
+    assert (await h.chat({"model": "p", "messages": USER}))[0] == 200
+    (call,) = h.calls
+    assert call.policy_version == "w7" and "policy_version_mismatch" not in call.flags
 
 
 def _record_threads(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int]:

@@ -33,6 +33,7 @@ def _serve(
     log_level: str,
     served_model_name: list[str] | None = None,
     strict_model_name: bool = True,
+    openai_ids_style: str = "vllm",
 ) -> None:
     import uvicorn
 
@@ -41,6 +42,10 @@ def _serve(
 
     if logprobs_mode not in ("raw", "processed"):
         raise typer.BadParameter(f"--logprobs-mode must be raw or processed, got {logprobs_mode!r}")
+    if openai_ids_style not in ("vllm", "sglang"):
+        raise typer.BadParameter(
+            f"--openai-ids-style must be vllm or sglang, got {openai_ids_style!r}"
+        )
     config = EngineConfig(
         model_dir=model_dir,
         seed=seed,
@@ -50,6 +55,7 @@ def _serve(
         weight_version=weight_version,
         served_model_names=served_model_name or ["rollwire-tiny"],
         strict_model_name=strict_model_name,
+        openai_ids_style=openai_ids_style,  # type: ignore[arg-type]
         faults=FaultConfig(
             error_rate=fault_error_rate,
             throttle_rate=fault_throttle_rate,
@@ -103,6 +109,13 @@ _STRICT = typer.Option(
     help="Answer vLLM's 404 to requests naming another model, as vLLM does (the gateway sends "
     "the served name); --any-model-name accepts and echoes any name.",
 )
+_IDS_STYLE = typer.Option(
+    "vllm",
+    "--openai-ids-style",
+    help="Token ids on the OpenAI routes: vllm (return_token_ids: prompt_token_ids, token_ids) "
+    "or sglang (chat choices carry prompt_token_ids/response_token_ids; streams use "
+    "return_output_ids_in_sglext).",
+)
 
 
 @engine_app.callback(invoke_without_command=True)
@@ -125,6 +138,7 @@ def main(
     log_level: str = _LOG,
     served_model_name: list[str] | None = _NAMES,
     strict_model_name: bool = _STRICT,
+    openai_ids_style: str = _IDS_STYLE,
 ) -> None:
     """Serve the engine (same as `rollwire engine serve`) when no subcommand is given."""
     if ctx.invoked_subcommand is None:
@@ -150,6 +164,7 @@ def serve(
     log_level: str = _LOG,
     served_model_name: list[str] | None = _NAMES,
     strict_model_name: bool = _STRICT,
+    openai_ids_style: str = _IDS_STYLE,
 ) -> None:
     """Serve the engine's HTTP APIs (vLLM OpenAI routes, /inference/v1/generate, SGLang /generate)."""
     _serve(**locals())

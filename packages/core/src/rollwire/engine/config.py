@@ -75,6 +75,13 @@ class EngineConfig:
     prefill_chunk_tokens: int = 256
     #: Token budget of the prefix KV cache (about 4 KiB per token for the default model); 0 disables.
     prefix_cache_tokens: int = 32768
+    #: Where the OpenAI routes put token ids when asked. ``"vllm"``: ``return_token_ids`` adds
+    #: ``prompt_token_ids`` and per-choice ``token_ids``. ``"sglang"`` (SGLang's OpenAI server):
+    #: a non-streamed chat choice carries ``prompt_token_ids`` and ``response_token_ids``, and a
+    #: streamed chat refuses ``return_token_ids`` (400). Either way a stream honours
+    #: ``return_output_ids_in_sglext``: one final chunk ``{"choices": [], "sglext": {input_ids,
+    #: output_ids}}`` before ``[DONE]``.
+    openai_ids_style: Literal["vllm", "sglang"] = "vllm"
 
     def __post_init__(self) -> None:
         names = (
@@ -87,6 +94,10 @@ class EngineConfig:
                 f"served_model_names needs at least one non-empty name, got {self.served_model_names!r}"
             )
         object.__setattr__(self, "served_model_names", names)
+        if self.openai_ids_style not in ("vllm", "sglang"):
+            raise ValueError(
+                f"openai_ids_style must be 'vllm' or 'sglang', got {self.openai_ids_style!r}"
+            )
         if self.logprobs_mode not in ("raw", "processed"):
             raise ValueError(
                 f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}"

@@ -620,6 +620,23 @@ def _strip_ids(obj: dict[str, Any]) -> None:
     for ch in obj.get("choices") or []:
         ch.pop("token_ids", None)
         ch.pop("prompt_token_ids", None)
+        ch.pop("response_token_ids", None)
+
+
+def _sglext_chunk(
+    kind: str, rid: str, created: int, name: str, prompt_ids: list[int], output_ids: list[int]
+) -> bytes:
+    """SGLang's final stream chunk for ``return_output_ids_in_sglext`` (ids of choice 0)."""
+    return _sse(
+        {
+            "id": rid,
+            "object": kind,
+            "created": created,
+            "model": name,
+            "choices": [],
+            "sglext": {"input_ids": prompt_ids, "output_ids": output_ids},
+        }
+    )
 
 
 # ---------------------------------------------------------------------- routes
@@ -690,10 +707,19 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
         want_experts = engine.config.return_routed_experts
         ret_ids = _bool(body, "return_token_ids", False)
         ret_versions = _bool(body, "return_weight_versions", False)
+        sglang_ids = engine.config.openai_ids_style == "sglang"
+        stream = _bool(body, "stream", False)
+        if sglang_ids and stream and ret_ids:
+            raise _HTTPError(
+                400,
+                "return_token_ids is not supported with stream: true; "
+                "use return_output_ids_in_sglext",
+                param="return_token_ids",
+            )
         render = _Renderer(engine, _bool(body, "return_tokens_as_token_ids", False))
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        if _bool(body, "stream", False):
+        if stream:
             return await _chat_stream(
                 engine,
                 request,
@@ -744,8 +770,13 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
                 },
                 "finish_reason": finish,
                 "stop_reason": c.stop_reason,
-                "token_ids": c.output_ids if ret_ids else None,
             }
+            if sglang_ids:  # SGLang's OpenAI chat: both id lists on the choice
+                if ret_ids:
+                    choice["prompt_token_ids"] = prompt_ids
+                    choice["response_token_ids"] = c.output_ids
+            else:
+                choice["token_ids"] = c.output_ids if ret_ids else None
             if want_experts and c.routed_experts is not None:
                 choice["routed_experts"] = _npy_b64(c.routed_experts)
             if ret_versions or ret_ids:
@@ -767,7 +798,7 @@ def create_app(config: EngineConfig | None = None) -> Starlette:
                 "prompt_tokens_details": None,
             },
             "prompt_logprobs": render.prompt_logprobs(completions[0]),
-            "prompt_token_ids": prompt_ids if ret_ids else None,
+            "prompt_token_ids": prompt_ids if ret_ids and not sglang_ids else None,
             "kv_transfer_params": None,
             "weight_version": completions[0].token_versions[-1]
             if completions[0].token_versions
@@ -1184,6 +1215,7 @@ async def _chat_stream(
 ) -> Response:
     reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
     ret_ids = _bool(body, "return_token_ids", False) and not draw.drop_token_ids
+    sglext = _bool(body, "return_output_ids_in_sglext", False) and not draw.drop_token_ids
     want_lp = params[0].logprobs is not None
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     n = len(params)
@@ -1206,6 +1238,7 @@ async def _chat_stream(
         done = 0
         completion_tokens = 0
         tool_seen = [False] * n
+        output_ids: list[int] = []
         try:
             first_extra: dict[str, Any] = {"prompt_token_ids": prompt_ids} if ret_ids else {}
             yield chunk(
@@ -1258,6 +1291,8 @@ async def _chat_stream(
                 elif isinstance(ev, Completion):
                     done += 1
                     completion_tokens += len(ev.output_ids)
+                    if i == 0:
+                        output_ids = list(ev.output_ids)
                     frags = parsers[i].feed(texts[i].visible(ev.text), final=True)
                     tool_seen[i] = tool_seen[i] or any("tool_calls" in f for f in frags)
                     for frag in frags:
@@ -1289,6 +1324,10 @@ async def _chat_stream(
                     yield chunk([last])
             if draw.truncate_stream:
                 raise _CutStream
+            if sglext:
+                yield _sglext_chunk(
+                    "chat.completion.chunk", rid, created, name, prompt_ids, output_ids
+                )
             if include_usage:
                 yield chunk(
                     [],
@@ -1321,6 +1360,7 @@ async def _completions_stream(
 ) -> Response:
     reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
     ret_ids = _bool(body, "return_token_ids", False) and not draw.drop_token_ids
+    sglext = _bool(body, "return_output_ids_in_sglext", False) and not draw.drop_token_ids
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     n = len(params)
 
@@ -1342,6 +1382,7 @@ async def _completions_stream(
         done = 0
         sent = 0
         completion_tokens = 0
+        output_ids: list[int] = []
         try:
             while done < n:
                 i, ev = await q.get()
@@ -1382,6 +1423,8 @@ async def _completions_stream(
                 elif isinstance(ev, Completion):
                     done += 1
                     completion_tokens += len(ev.output_ids)
+                    if i == 0:
+                        output_ids = list(ev.output_ids)
                     rest = ev.text[len(emitted[i]) :] if ev.text.startswith(emitted[i]) else ""
                     last: dict[str, Any] = {
                         "index": i,
@@ -1395,6 +1438,8 @@ async def _completions_stream(
                     yield chunk([last])
             if draw.truncate_stream:
                 raise _CutStream
+            if sglext:
+                yield _sglext_chunk("text_completion", rid, created, name, prompt_ids, output_ids)
             if include_usage:
                 yield chunk(
                     [],

@@ -25,11 +25,18 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from rollwire.gateway.backends import Backend, BackendPool
-from rollwire.gateway.capture import Asked, Captured, StreamAccumulator, extract, strip_chunk
+from rollwire.gateway.capture import (
+    Asked,
+    Captured,
+    StreamAccumulator,
+    extract,
+    resolve_policy_version,
+    strip_chunk,
+)
 from rollwire.gateway.capture import strip_response as _strip
 from rollwire.gateway.config import BackendSpec, GatewayConfig
 from rollwire.gateway.context import ChatContext
-from rollwire.gateway.errors import GatewayError, error_body, error_response
+from rollwire.gateway.errors import GatewayError, error_body, error_response, upstream_error_body
 from rollwire.gateway.metrics import GatewayMetrics
 from rollwire.gateway.sampling import apply_sampling, check_sampling, tool_choice_flags
 from rollwire.gateway.security import TokenError, TokenSigner, new_secret
@@ -145,7 +152,10 @@ class Gateway:
         # Live sessions (LRU): terminal ones are not kept, expired and idle-over-bound evicted.
         self.sessions: OrderedDict[str, SessionState] = OrderedDict()
         self.closing: set[str] = set()  # sessions whose completion is under way: no new calls
+        # ``/wait`` requests per session: the event completion sets, and how many wait on it
+        # (the entry goes when the last of them leaves, or the session is deleted).
         self.waiters: dict[str, asyncio.Event] = {}
+        self.waiter_counts: dict[str, int] = {}
         self.policy_version: str | None = None
         self.paused = False
         self.in_flight = 0
@@ -754,7 +764,7 @@ class Gateway:
             call.latency_ms = (time.perf_counter() - t0) * 1000.0
             await commit(call)
             self.metrics.error("upstream_status")
-            return RawResponse(payload, status)
+            return RawResponse(upstream_error_body(status, payload), status)
         try:
             data = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -778,10 +788,10 @@ class Gateway:
         call.routed_experts = cap.routed_experts
         call.finish_reason = cap.finish_reason
         if cap.weight_version is not None:
-            # What the backend says it sampled with wins; a disagreement with the version the
-            # trainer set is worth knowing about (a weight sync not yet landed, a stale replica).
-            call.policy_version = cap.weight_version
-            if self.policy_version is not None and self.policy_version != cap.weight_version:
+            call.policy_version, mismatch = resolve_policy_version(
+                cap.weight_version, self.policy_version
+            )
+            if mismatch:
                 call.flags.append("policy_version_mismatch")
         if backend.kind == "openai" or not cap.has_ids:
             call.trainable = False
@@ -827,7 +837,7 @@ class Gateway:
             call.latency_ms = (time.perf_counter() - t0) * 1000.0
             await commit(call)
             self.metrics.error("upstream_status")
-            return Response(payload, status_code=resp.status, media_type=_JSON)
+            return RawResponse(upstream_error_body(resp.status, payload), resp.status)
         return StreamingResponse(
             self._relay(call, resp, backend, asked, chat, t0, commit),
             media_type="text/event-stream",
@@ -850,11 +860,25 @@ class Gateway:
         buf = b""
 
         async def finish(ok: bool) -> bytes | None:
-            """Commit the call; an SSE error event when that was refused, else None."""
-            nonlocal committed
-            committed = True
-            self._fill(call, acc.captured(), backend)
-            call.response = acc.response(chat)
+            """Commit the call. None when it landed as it was; else the SSE event(s) to end the
+            stream with: an error event (the call was refused, or the backend's stream could not
+            be read), then ``[DONE]`` where the stream may still go on."""
+            nonlocal committed, error
+            tail: bytes | None = None
+            try:
+                self._fill(call, acc.captured(), backend)
+                call.response = acc.response(chat)
+            except Exception as exc:  # malformed ids, log-probs, ... from the backend
+                log.warning("could not read the stream of call %s: %r", call.call_id, exc)
+                reason = f"inference backend sent a malformed stream: {type(exc).__name__}: {exc}"
+                error = f"{error}; {reason}" if error else reason
+                ok = False
+                call.response = {}
+                tail = (
+                    b"data: "
+                    + error_body(reason, "server_error", "bad_gateway")
+                    + b"\n\ndata: [DONE]\n\n"
+                )
             call.latency_ms = (time.perf_counter() - t0) * 1000.0
             if not ok:
                 call.status = "failed"
@@ -862,10 +886,16 @@ class Gateway:
                 call.error = error or "stream ended before [DONE]"
             try:
                 await commit(call)
-            except GatewayError as exc:  # the session was closed or deleted meanwhile
+            except GatewayError as exc:  # the session was closed or deleted meanwhile: final
+                committed = True
                 return b"data: " + error_body(exc.message, exc.type, exc.code) + b"\n\n"
+            committed = True
             self.metrics.latency.observe(time.perf_counter() - t0)
-            return None
+            return tail
+
+        async def finish_late() -> None:
+            with contextlib.suppress(Exception):
+                await finish(False)
 
         try:
             async for data in resp.content.iter_any():
@@ -881,6 +911,8 @@ class Gateway:
                             continue
                         payload = line[5:].strip()
                         if payload == b"[DONE]":
+                            if committed:
+                                continue
                             # A stream that carried an error event is not a good call.
                             refused = await finish(error is None)
                             if refused is not None:
@@ -895,6 +927,8 @@ class Gateway:
                         if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
                             error = f"backend stream error: {chunk['error']}"
                             yield b"data: " + payload + b"\n\n"
+                            continue
+                        if not isinstance(chunk, dict):
                             continue
                         acc.add(chunk)
                         if asked.everything:
@@ -911,13 +945,26 @@ class Gateway:
             if not committed:
                 await finish(False)
             yield b"data: " + error_body(error, "server_error", "bad_gateway") + b"\n\n"
+        except Exception as exc:
+            # Anything else (a chunk of the wrong shape): record the call, tell the agent.
+            log.warning("relaying the stream of call %s failed: %r", call.call_id, exc)
+            reason = f"internal gateway error while relaying: {type(exc).__name__}: {exc}"
+            error = f"{error}; {reason}" if error else reason
+            if not committed:
+                await finish(False)
+            yield (
+                b"data: "
+                + error_body(reason, "server_error", "internal_error")
+                + b"\n\ndata: [DONE]\n\n"
+            )
         finally:
             resp.release()
             backend.in_flight -= 1
             if not committed:
-                # The agent went away mid-stream: still record the (failed) attempt.
+                # The agent went away mid-stream (or the commit failed): still record the
+                # (failed) attempt.
                 error = error or "client disconnected during the stream"
-                task = asyncio.ensure_future(finish(False))
+                task = asyncio.ensure_future(finish_late())
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 

@@ -26,8 +26,17 @@ class Backend:
     kind: str = "vllm"
     healthy: bool = True
     in_flight: int = 0
-    #: served model name every forwarded request uses (see ``BackendSpec.model``)
-    model: str | None = None
+    #: the served model name given when the backend was added (``BackendSpec.model``): always
+    #: used, never re-read
+    pinned_model: str | None = None
+    #: the name ``GET /v1/models`` last reported (re-read on every passing health check)
+    discovered_model: str | None = None
+
+    @property
+    def model(self) -> str | None:
+        """The served model name every forwarded request uses: the pinned one, else the one
+        last discovered (None: requests keep the agent's model name)."""
+        return self.pinned_model if self.pinned_model is not None else self.discovered_model
 
     def info(self) -> dict[str, object]:
         """The JSON form the control plane returns."""
@@ -36,6 +45,7 @@ class Backend:
             "url": self.url,
             "kind": self.kind,
             "model": self.model,
+            "model_pinned": self.pinned_model is not None,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
         }
@@ -56,7 +66,7 @@ class BackendPool:
         name = spec.name or f"b{len(self.backends)}"
         while spec.name is None and name in self.backends:
             name = f"b{len(self.backends) + 1}-{len(name)}"
-        backend = Backend(name=name, url=spec.url, kind=spec.kind, model=spec.model)
+        backend = Backend(name=name, url=spec.url, kind=spec.kind, pinned_model=spec.model)
         self.backends[name] = backend
         return backend
 
@@ -102,8 +112,20 @@ class BackendPool:
                 ok = resp.status < 500 if backend.kind == "openai" else resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             ok = False
-        if ok and backend.model is None and backend.kind != "openai":
-            backend.model = await self._served_model(http, backend)
+        if ok and backend.pinned_model is None and backend.kind != "openai":
+            # Re-read every time: a backend restarted under another served name must not be
+            # sent the old one (it answers 404). A failed read keeps the last name known.
+            served = await self._served_model(http, backend)
+            if served is not None:
+                if backend.discovered_model not in (None, served):
+                    log.warning(
+                        "backend %s (%s) now serves model %r (was %r)",
+                        backend.name,
+                        backend.url,
+                        served,
+                        backend.discovered_model,
+                    )
+                backend.discovered_model = served
         if ok and not backend.healthy:
             log.warning("backend %s (%s) is healthy again", backend.name, backend.url)
         backend.healthy = ok
@@ -130,7 +152,8 @@ class BackendPool:
             TypeError,
         ):
             return None
-        log.info("backend %s (%s) serves model %r", backend.name, backend.url, model)
+        if model != backend.discovered_model:
+            log.info("backend %s (%s) serves model %r", backend.name, backend.url, model)
         return model
 
     async def check_all(self, http: aiohttp.ClientSession) -> None:

@@ -10,10 +10,30 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Asked", "Captured", "StreamAccumulator", "extract", "strip_chunk", "strip_response"]
+__all__ = [
+    "Asked",
+    "Captured",
+    "StreamAccumulator",
+    "extract",
+    "resolve_policy_version",
+    "strip_chunk",
+    "strip_response",
+]
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
 _EMPTY_F32 = np.zeros(0, dtype=np.float32)
+
+
+def resolve_policy_version(reported: str | None, current: str | None) -> tuple[str | None, bool]:
+    """The policy version to record for a call, and whether it is a mismatch.
+
+    ``reported`` is what the backend says it sampled with, ``current`` the version the trainer
+    set on the gateway. The backend's word wins; a disagreement is worth knowing about (a weight
+    sync not yet landed, a stale replica), hence the flag. Without a reported version the
+    trainer's is recorded and nothing is flagged."""
+    if reported is None:
+        return current, False
+    return reported, current is not None and current != reported
 
 
 @dataclass

@@ -18,8 +18,10 @@ class BackendSpec:
     kind: str = "vllm"
     name: str | None = None
     #: the name the server serves its model under; requests are sent with it whatever model name
-    #: the agent used (agents are told ``policy``). Discovered from ``GET /v1/models`` for
-    #: ``vllm``/``sglang`` backends when not given; ``openai`` backends are never rewritten unless set.
+    #: the agent used (agents are told ``policy``). When not given it is read from
+    #: ``GET /v1/models`` of ``vllm``/``sglang`` backends at every passing health check (so a
+    #: backend restarted under a new name is followed); ``openai`` backends are never rewritten
+    #: unless set.
     model: str | None = None
 
     def __post_init__(self) -> None:

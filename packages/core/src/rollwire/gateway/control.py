@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["build_control_app"]
 
 log = logging.getLogger("rollwire.gateway")
+
+_MAX_LIST_LIMIT = 100_000  # the most sessions one ``GET /api/sessions`` lists
 
 _CREATE_FIELDS = {
     "session_id",
@@ -283,9 +288,16 @@ def build_control_app(gw: Gateway) -> Starlette:
         require_admin(request)
         q = request.query_params
         limit = q.get("limit")
-        if limit and not (limit.isdigit() and int(limit) > 0):
+        if limit and not (
+            limit.isascii()
+            and limit.isdigit()
+            and len(limit) <= len(str(_MAX_LIST_LIMIT))
+            and 0 < int(limit) <= _MAX_LIST_LIMIT
+        ):
             raise GatewayError(
-                400, f"limit must be a positive integer, got {limit!r}", code="invalid_query"
+                400,
+                f"limit must be an integer from 1 to {_MAX_LIST_LIMIT}, got {limit[:40]!r}",
+                code="invalid_query",
             )
         recs = await gw.store.list_sessions(
             group_id=q.get("group_id") or None,
@@ -361,8 +373,10 @@ def build_control_app(gw: Gateway) -> Starlette:
                     "invalid_token",
                 )
         body = await body_of(request)
-        status = body.get("status") or "completed"
-        if status not in TERMINAL_STATUSES:
+        status = body.get("status")
+        if status is None:
+            status = "completed"
+        if not isinstance(status, str) or status not in TERMINAL_STATUSES:
             raise GatewayError(
                 400, f"status must be one of {sorted(TERMINAL_STATUSES)}, got {status!r}"
             )
@@ -413,6 +427,7 @@ def build_control_app(gw: Gateway) -> Starlette:
         ev = gw.waiters.get(sid)
         if ev is None:
             ev = gw.waiters[sid] = asyncio.Event()
+        gw.waiter_counts[sid] = gw.waiter_counts.get(sid, 0) + 1
         try:
             while True:
                 rec = await load(sid)
@@ -426,8 +441,14 @@ def build_control_app(gw: Gateway) -> Starlette:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            if ev.is_set():
-                gw.waiters.pop(sid, None)
+            # The last waiter out removes the entry (unless a delete already replaced it).
+            if gw.waiters.get(sid) is ev:
+                left_waiting = gw.waiter_counts.get(sid, 1) - 1
+                if left_waiting <= 0:
+                    del gw.waiters[sid]
+                    gw.waiter_counts.pop(sid, None)
+                else:
+                    gw.waiter_counts[sid] = left_waiting
 
     async def delete_session(request: Request) -> Response:
         require_admin(request)
@@ -435,6 +456,10 @@ def build_control_app(gw: Gateway) -> Starlette:
         await gw.store.delete_session(sid)
         gw.sessions.pop(sid, None)
         gw.pool.forget(sid)
+        ev = gw.waiters.pop(sid, None)
+        gw.waiter_counts.pop(sid, None)
+        if ev is not None:
+            ev.set()  # waiters wake up and answer 404
         return Response(status_code=204)
 
     def backends_json() -> Response:
@@ -521,6 +546,33 @@ def build_control_app(gw: Gateway) -> Starlette:
         assert isinstance(exc, GatewayError)
         return exc.response()
 
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
+        gw.metrics.error("internal")
+        return error_response(
+            500,
+            f"internal gateway error: {type(exc).__name__}: {exc}",
+            "server_error",
+            "internal_error",
+        )
+
+    def guarded(
+        endpoint: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """The endpoint, answering an unexpected exception with an OpenAI-shaped 500 (Starlette's
+        own ``Exception`` handler would answer too, but then re-raise to the server)."""
+
+        @functools.wraps(endpoint)
+        async def run(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except (GatewayError, HTTPException):
+                raise
+            except Exception as exc:
+                return await on_unexpected(request, exc)
+
+        return run
+
     async def on_not_found(request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 404)
         return error_response(
@@ -546,7 +598,13 @@ def build_control_app(gw: Gateway) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+    routes = [Route(r.path, guarded(r.endpoint), methods=r.methods) for r in routes]
     return Starlette(
         routes=routes,
-        exception_handlers={GatewayError: on_gateway_error, 404: on_not_found, 405: on_not_found},
+        exception_handlers={
+            GatewayError: on_gateway_error,
+            404: on_not_found,
+            405: on_not_found,
+            Exception: on_unexpected,
+        },
     )

@@ -5,12 +5,36 @@ from __future__ import annotations
 import orjson
 from starlette.responses import Response
 
-__all__ = ["GatewayError", "error_body", "error_response"]
+__all__ = ["GatewayError", "error_body", "error_response", "upstream_error_body"]
 
 
 def error_body(message: str, type: str = "invalid_request_error", code: str | None = None) -> bytes:
     """``{"error": {"message", "type", "code", "param": null}}`` as JSON bytes."""
     return orjson.dumps({"error": {"message": message, "type": type, "code": code, "param": None}})
+
+
+def upstream_error_body(status: int, payload: bytes, limit: int = 500) -> bytes:
+    """What the agent gets for a backend's non-200 answer ``payload``: the backend's body when it
+    already is an OpenAI-shaped error (``{"error": {...}}``), else the gateway's error body
+    quoting (the start of) what the backend said, so the agent's SDK can read it either way."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return payload
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        said = data["message"]  # vLLM / SGLang's flat {"object": "error", "message": ...}
+    else:
+        said = payload.decode("utf-8", errors="replace")
+    said = said.strip()
+    if len(said) > limit:
+        said = said[:limit] + "..."
+    return error_body(
+        f"inference backend answered {status}: {said or '(empty body)'}",
+        "server_error" if status >= 500 else "invalid_request_error",
+        "upstream_error",
+    )
 
 
 def error_response(

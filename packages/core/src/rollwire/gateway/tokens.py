@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from rollwire.gateway.capture import resolve_policy_version
 from rollwire.gateway.errors import error_response
 from rollwire.gateway.parsers import (
     ParsedCompletion,
@@ -473,6 +474,9 @@ async def handle_chat(ctx: ChatContext) -> Response:
     all_flags = list(flags)
     if answer.parsed.ill_formed:
         all_flags.append("ill_formed")
+    version, mismatch = resolve_policy_version(gen.weight_version, ctx.policy_version)
+    if mismatch:
+        all_flags.append("policy_version_mismatch")
     response = answer.response
     call = ModelCall(
         call_id=call_id,
@@ -487,7 +491,7 @@ async def handle_chat(ctx: ChatContext) -> Response:
         trainable=not ctx.off_policy_blocked(flags),
         off_policy=bool(flags),
         flags=all_flags,
-        policy_version=ctx.policy_version or gen.weight_version,
+        policy_version=version,
         backend=backend.name,
         logprobs_mode="raw" if backend.kind == "vllm" else "processed",
         capture="tokens",
