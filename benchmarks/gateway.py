@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -33,29 +32,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _procs import Proc, cpu_seconds, free_port, rss_mb
+
 ROOT = Path(__file__).resolve().parents[1]
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------------- helpers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status < 500:
-                    return
-        except Exception:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up within {timeout}s")
-
-
 def http_json(method: str, url: str, body: Any = None, key: str | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
@@ -65,51 +47,6 @@ def http_json(method: str, url: str, body: Any = None, key: str | None = None) -
     with urllib.request.urlopen(req, timeout=60) as r:
         raw = r.read()
     return json.loads(raw) if raw else None
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class Proc:
-    """A server subprocess, always terminated."""
-
-    def __init__(self, name: str, argv: list[str], health: str, env: dict[str, str] | None = None):
-        self.name = name
-        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the process)
-            prefix=f"bench-{name}-", suffix=".log", delete=False
-        )
-        self.p = subprocess.Popen(
-            argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-        try:
-            wait_http(health)
-        except TimeoutError as exc:
-            self.stop()
-            raise RuntimeError(
-                f"{name} failed to start; log: {Path(self.log.name).read_text()[-2000:]}"
-            ) from exc
-
-    @property
-    def pid(self) -> int:
-        return self.p.pid
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
 
 
 def request_body() -> dict[str, Any]:

@@ -26,75 +26,19 @@ import asyncio
 import json
 import os
 import resource
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
+from _procs import Proc, cpu_seconds, free_port, peak_rss_mb
 
 from rollwire.client import RolloutClient
 from rollwire.context import async_openai_client, rollout_context, rollout_model
 from rollwire.runners import LocalRunner
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status < 500:
-                    return
-        except Exception:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up within {timeout}s")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class Proc:
-    """A server subprocess, always terminated."""
-
-    def __init__(self, name: str, argv: list[str], health: str) -> None:
-        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
-        self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            wait_http(health)
-        except TimeoutError as exc:
-            self.stop()
-            raise RuntimeError(
-                f"{name} failed to start: {Path(self.log.name).read_text()[-2000:]}"
-            ) from exc
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
 
 
 class ScriptedAgent:
@@ -243,8 +187,8 @@ def main() -> None:
             "wall_s": round(wall, 2),
             "rollouts_per_s": round(len(rollouts) / wall, 1),
             "calls_per_s": round(captured / wall, 1),
-            "gateway_cpu_s": round(cpu_s(gw.p.pid), 1),
-            "null_backend_cpu_s": round(cpu_s(procs[0].p.pid), 1),
+            "gateway_cpu_s": round(cpu_seconds(gw.p.pid), 1),
+            "null_backend_cpu_s": round(cpu_seconds(procs[0].p.pid), 1),
             "client_cpu_s": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 1),
             "gateway_peak_rss_mb": round(peak_rss_mb(gw.p.pid), 1),
             "client_peak_rss_mb": round(

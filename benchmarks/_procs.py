@@ -1,0 +1,87 @@
+"""Shared by the benchmarks: server subprocesses on 127.0.0.1 and their CPU and memory from /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from rollwire.serving import free_port
+
+__all__ = ["Proc", "cpu_seconds", "free_port", "peak_rss_mb", "rss_mb", "wait_http"]
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    """Block until ``url`` answers below 500, or raise TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status < 500:
+                    return
+        except Exception:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up within {timeout}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _status_mb(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory now."""
+    return _status_mb(pid, "VmRSS:")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident memory so far."""
+    return _status_mb(pid, "VmHWM:")
+
+
+class Proc:
+    """A server subprocess that is up once constructed and always terminated by ``stop``."""
+
+    def __init__(
+        self, name: str, argv: list[str], health: str, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the process)
+            prefix=f"bench-{name}-", suffix=".log", delete=False
+        )
+        self.p = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        try:
+            wait_http(health)
+        except TimeoutError as exc:
+            self.stop()
+            raise RuntimeError(
+                f"{name} failed to start; log: {Path(self.log.name).read_text()[-2000:]}"
+            ) from exc
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
