@@ -22,7 +22,7 @@ from langgraph.errors import GraphRecursionError
 import rollwire_langgraph
 from rollwire.app import RolloutApp
 from rollwire.wordle.agent_openai import secret_of
-from rollwire.wordle.failures import agent_error_result, is_infrastructure_error
+from rollwire.wordle.failures import scores_agent_errors
 from rollwire.wordle.game import SYSTEM_PROMPT, WordleGame, task_prompt
 from rollwire.wordle.reward import NO_VALID_GUESS, score_game
 
@@ -37,14 +37,10 @@ app = RolloutApp(failure_reward=NO_VALID_GUESS)
 
 
 @app.rollout_entrypoint
+@scores_agent_errors
 def play(payload: dict[str, Any]) -> dict[str, Any]:
     """Play one game of Wordle with a LangChain agent; returns ``{"reward", "metrics"}``."""
-    try:
-        return _play(payload)
-    except Exception as exc:
-        if is_infrastructure_error(exc):
-            raise  # not the policy's doing: RolloutApp records the rollout failed
-        return agent_error_result(exc)
+    return _play(payload)
 
 
 def _play(payload: dict[str, Any]) -> dict[str, Any]:

@@ -24,9 +24,8 @@ from rollwire.app import RolloutApp
 from rollwire.wordle.agent_openai import secret_of
 from rollwire.wordle.failures import (
     TurnLimitReached,
-    agent_error_result,
     caused_by,
-    is_infrastructure_error,
+    scores_agent_errors,
 )
 from rollwire.wordle.game import SYSTEM_PROMPT, WordleGame, task_prompt
 from rollwire.wordle.reward import NO_VALID_GUESS, score_game
@@ -42,14 +41,10 @@ app = RolloutApp(failure_reward=NO_VALID_GUESS)
 
 
 @app.rollout_entrypoint
+@scores_agent_errors
 def play(payload: dict[str, Any]) -> dict[str, Any]:
     """Play one game of Wordle with a Strands agent; returns ``{"reward", "metrics"}``."""
-    try:
-        return _play(payload)
-    except Exception as exc:
-        if is_infrastructure_error(exc):
-            raise  # not the policy's doing: RolloutApp records the rollout failed
-        return agent_error_result(exc)
+    return _play(payload)
 
 
 def _play(payload: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from rollwire.app import RolloutApp
 from rollwire.context import openai_client, rollout_create_kwargs
-from rollwire.wordle.failures import agent_error_result, is_infrastructure_error
+from rollwire.wordle.failures import scores_agent_errors
 from rollwire.wordle.game import GUESS_TOOL, SYSTEM_PROMPT, WordleGame, task_prompt
 from rollwire.wordle.reward import NO_VALID_GUESS, score_game
 
@@ -42,14 +42,10 @@ def secret_of(payload: dict[str, Any]) -> str:
 
 
 @app.rollout_entrypoint
+@scores_agent_errors
 def play(payload: dict[str, Any]) -> dict[str, Any]:
     """Play one game of Wordle; returns ``{"reward", "metrics"}``."""
-    try:
-        return _play(payload)
-    except Exception as exc:
-        if is_infrastructure_error(exc):
-            raise  # not the policy's doing: RolloutApp records the rollout failed
-        return agent_error_result(exc)
+    return _play(payload)
 
 
 def _play(payload: dict[str, Any]) -> dict[str, Any]:

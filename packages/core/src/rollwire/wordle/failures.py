@@ -10,12 +10,20 @@ did nothing wrong, and training on an outage would teach it nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from rollwire.wordle.reward import NO_VALID_GUESS
 
-__all__ = ["TurnLimitReached", "agent_error_result", "caused_by", "is_infrastructure_error"]
+__all__ = [
+    "TurnLimitReached",
+    "agent_error_result",
+    "caused_by",
+    "is_infrastructure_error",
+    "scores_agent_errors",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +61,21 @@ def agent_error_result(exc: BaseException, **metrics: float) -> dict[str, Any]:
     """The result of a game the agent broke off with an error of its own."""
     log.warning("wordle agent failed: %s: %s", type(exc).__name__, exc)
     return {"reward": NO_VALID_GUESS, "metrics": {**metrics, "agent_error": 1.0}}
+
+
+def scores_agent_errors(
+    play: Callable[[dict[str, Any]], dict[str, Any]],
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Wrap a Wordle agent's ``play(payload)`` with the contract above: an agent or game error
+    becomes :func:`agent_error_result`, an infrastructure error is raised."""
+
+    @functools.wraps(play)
+    def wrapper(payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return play(payload)
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                raise  # not the policy's doing: RolloutApp records the rollout failed
+            return agent_error_result(exc)
+
+    return wrapper
