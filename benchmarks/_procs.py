@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from rollwire.serving import free_port
+from rollwire.agent.serving import free_port
 
 __all__ = ["Proc", "cpu_seconds", "free_port", "peak_rss_mb", "rss_mb", "wait_http"]
 

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from rollwire.protocol import Group, ModelCall, Rollout
+from rollwire.data.protocol import Group, ModelCall, Rollout
 from rollwire_verl import to_dataproto
 from rollwire_verl.layout import build_layout_rows
 

@@ -145,7 +145,7 @@ def start_rollwire(tmp: Path, backend_url: str, name: str) -> tuple[Proc, str, s
         [
             sys.executable,
             "-m",
-            "rollwire.gateway.cli",
+            "rollwire.cli.gateway",
             "--port",
             str(port),
             "--backend",
@@ -291,7 +291,7 @@ def start_null(procs: list[Proc]) -> str:
     nport = free_port()
     null = Proc(
         "null",
-        [sys.executable, "-m", "rollwire.gateway.null_backend", "--fixed", "--port", str(nport)],
+        [sys.executable, "-m", "rollwire.testing.null_backend", "--fixed", "--port", str(nport)],
         f"http://127.0.0.1:{nport}/health",
     )
     procs.append(null)
@@ -701,7 +701,7 @@ def storage(tmp: Path, rllm_py: Path | None, turns: int, procs: list[Proc]) -> N
     eport = free_port()
     echo = Proc(
         "echo",
-        [sys.executable, "-m", "rollwire.gateway.null_backend", "--port", str(eport)],
+        [sys.executable, "-m", "rollwire.testing.null_backend", "--port", str(eport)],
         f"http://127.0.0.1:{eport}/health",
     )
     procs.append(echo)

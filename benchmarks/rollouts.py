@@ -3,7 +3,7 @@
     uv run --frozen python benchmarks/rollouts.py                      # 1,000 rollouts x 5 calls
     uv run --frozen python benchmarks/rollouts.py --rollouts 200 --calls 3
 
-Processes: a null vLLM-shaped backend (``rollwire.gateway.null_backend``, echo mode, answers
+Processes: a null vLLM-shaped backend (``rollwire.testing.null_backend``, echo mode, answers
 instantly) and one rollwire gateway (SQLite file store), each in its own process; this process
 runs the RolloutClient and the agents through the local runner (in-process asyncio). Each agent is
 an async handler with the OpenAI SDK (``async_openai_client`` sharing one connection pool) that
@@ -36,9 +36,9 @@ import aiohttp
 import httpx
 from _procs import Proc, cpu_seconds, free_port, peak_rss_mb
 
-from rollwire.client import RolloutClient
-from rollwire.context import async_openai_client, rollout_context, rollout_model
-from rollwire.runners import LocalRunner
+from rollwire.agent.context import async_openai_client, rollout_context, rollout_model
+from rollwire.trainer.client import RolloutClient
+from rollwire.trainer.runners import LocalRunner
 
 
 class ScriptedAgent:
@@ -46,7 +46,7 @@ class ScriptedAgent:
 
     Default transport: aiohttp posting to the session's ``base_url`` (what any OpenAI-compatible
     client does, without SDK overhead in the measurement). ``sdk=True``: the OpenAI SDK via
-    :func:`rollwire.context.async_openai_client` (costs ~3 ms of client CPU per call).
+    :func:`rollwire.agent.context.async_openai_client` (costs ~3 ms of client CPU per call).
     """
 
     def __init__(self, calls: int, sdk: bool = False) -> None:
@@ -123,7 +123,7 @@ def main() -> None:
         procs.append(
             Proc(
                 "null",
-                [sys.executable, "-m", "rollwire.gateway.null_backend", "--port", str(nport)],
+                [sys.executable, "-m", "rollwire.testing.null_backend", "--port", str(nport)],
                 f"http://127.0.0.1:{nport}/health",
             )
         )
@@ -132,7 +132,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "rollwire.gateway.cli",
+                "rollwire.cli.gateway",
                 "--port",
                 str(gport),
                 "--backend",

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from rollwire.data.protocol import ModelCall, Rollout
+from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.engine import tokenizer_dir
 from rollwire.gateway.parsers import HermesParser
 from rollwire.gateway.render import ChatRenderer
 from rollwire.gateway.tokens_heal import Healer
-from rollwire.protocol import ModelCall, Rollout
-from rollwire.trajectory import TrajectoryBuilder
 
 TOOLS = [
     {

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from rollwire.protocol import ModelCall, Rollout
-from rollwire.trajectory import TrajectoryBuilder
+from rollwire.data.protocol import ModelCall, Rollout
+from rollwire.data.trajectory import TrajectoryBuilder
 
 
 def make_rollouts(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import rollwire
-from rollwire.context import rollout_create_kwargs
+from rollwire.agent.context import rollout_create_kwargs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from office import SYSTEM_PROMPT, TOOLS, Office, score_office, task_prompt

@@ -1,11 +1,11 @@
 """Wordle as an RL environment for LLM agents (the ``rollwire demo`` task).
 
-The game, reward, word lists and solver live in core (``rollwire.wordle``) so that ``rollwire
+The game, reward, word lists and solver live in core (``rollwire.envs.wordle``) so that ``rollwire
 demo`` runs from an installed wheel; this folder holds the agents, one per framework:
 ``agent_openai.py`` (plain OpenAI client), ``agent_strands.py``, ``agent_langgraph.py``.
 """
 
-from rollwire.wordle import (
+from rollwire.envs.wordle import (
     GUESS_TOOL,
     SYSTEM_PROMPT,
     WordleGame,

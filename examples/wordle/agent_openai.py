@@ -1,6 +1,6 @@
 """The Wordle agent with the plain OpenAI client.
 
-The code lives in core, :mod:`rollwire.wordle.agent_openai`, so that ``rollwire demo`` runs from
+The code lives in core, :mod:`rollwire.envs.wordle.agent_openai`, so that ``rollwire demo`` runs from
 an installed wheel; read it there. In short::
 
     app = RolloutApp(failure_reward=-1.5)
@@ -19,7 +19,7 @@ an installed wheel; read it there. In short::
 Serve it on AgentCore's contract (port 8080) with ``python examples/wordle/agent_openai.py``.
 """
 
-from rollwire.wordle.agent_openai import app, play, secret_of
+from rollwire.envs.wordle.agent_openai import app, play, secret_of
 
 __all__ = ["app", "play", "secret_of"]
 

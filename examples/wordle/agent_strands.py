@@ -6,7 +6,7 @@ session, or the production model when the payload has no ``_rollwire`` key. Run 
 with ``python examples/wordle/agent_strands.py`` (port 8080, AgentCore's contract) or through
 ``rollwire demo --agent strands``. Like every Wordle agent: an agent or game error scores -1.5
 (metric ``agent_error=1``); an infrastructure error is raised and the rollout recorded ``failed``
-(:mod:`rollwire.wordle.failures`).
+(:mod:`rollwire.envs.wordle.failures`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from strands.agent.conversation_manager import NullConversationManager
 from strands.hooks import BeforeModelCallEvent
 
 import rollwire_strands
-from rollwire.app import RolloutApp
-from rollwire.wordle.agent_openai import secret_of
-from rollwire.wordle.failures import (
+from rollwire.agent.app import RolloutApp
+from rollwire.envs.wordle.agent_openai import secret_of
+from rollwire.envs.wordle.failures import (
     TurnLimitReached,
     caused_by,
     scores_agent_errors,
 )
-from rollwire.wordle.game import SYSTEM_PROMPT, WordleGame, task_prompt
-from rollwire.wordle.reward import NO_VALID_GUESS, score_game
+from rollwire.envs.wordle.game import SYSTEM_PROMPT, WordleGame, task_prompt
+from rollwire.envs.wordle.reward import NO_VALID_GUESS, score_game
 
 __all__ = ["app", "play"]
 

@@ -1,4 +1,4 @@
-"""The Wordle game (one implementation, in core): see :mod:`rollwire.wordle.game`."""
+"""The Wordle game (one implementation, in core): see :mod:`rollwire.envs.wordle.game`."""
 
-from rollwire.wordle.game import *  # noqa: F403
-from rollwire.wordle.game import __all__ as __all__
+from rollwire.envs.wordle.game import *  # noqa: F403
+from rollwire.envs.wordle.game import __all__ as __all__

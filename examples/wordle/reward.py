@@ -1,4 +1,4 @@
-"""The Wordle reward (one implementation, in core): see :mod:`rollwire.wordle.reward`."""
+"""The Wordle reward (one implementation, in core): see :mod:`rollwire.envs.wordle.reward`."""
 
-from rollwire.wordle.reward import *  # noqa: F403
-from rollwire.wordle.reward import __all__ as __all__
+from rollwire.envs.wordle.reward import *  # noqa: F403
+from rollwire.envs.wordle.reward import __all__ as __all__

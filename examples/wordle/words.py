@@ -1,4 +1,4 @@
-"""The Wordle word list and its train/validation split (in core): see :mod:`rollwire.wordle.words`."""
+"""The Wordle word list and its train/validation split (in core): see :mod:`rollwire.envs.wordle.words`."""
 
-from rollwire.wordle.words import *  # noqa: F403
-from rollwire.wordle.words import __all__ as __all__
+from rollwire.envs.wordle.words import *  # noqa: F403
+from rollwire.envs.wordle.words import __all__ as __all__

@@ -14,16 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollwire.client import RolloutClient
+from rollwire.agent.serving import ServerThread
+from rollwire.data.protocol import Rollout
+from rollwire.data.trajectory import build_rows
 from rollwire.engine.config import EngineConfig
 from rollwire.engine.server import EmbeddedEngine
+from rollwire.envs.wordle import WordleSolver, agent_openai, make_tasks
+from rollwire.envs.wordle.failures import is_infrastructure_error
 from rollwire.gateway import serve_in_thread
-from rollwire.protocol import Rollout
-from rollwire.serving import ServerThread
 from rollwire.testing.agent import RecordingServer
-from rollwire.trajectory import build_rows
-from rollwire.wordle import WordleSolver, agent_openai, make_tasks
-from rollwire.wordle.failures import is_infrastructure_error
+from rollwire.trainer.client import RolloutClient
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

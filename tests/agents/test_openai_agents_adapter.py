@@ -14,7 +14,7 @@ agents = pytest.importorskip(
 
 from openai import AsyncOpenAI  # noqa: E402
 
-from rollwire.agents import openai_agents  # noqa: E402
+from rollwire.agent import openai_agents  # noqa: E402
 from rollwire.testing.agent import AgentAdapterConformance, ToolTask  # noqa: E402
 
 

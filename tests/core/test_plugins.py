@@ -20,7 +20,7 @@ def _by_name() -> dict[str, object]:
 
 def test_import_rollwire_loads_no_adapter() -> None:
     code = (
-        "import sys, rollwire, rollwire.plugins, rollwire.protocol, rollwire.trajectory;"
+        "import sys, rollwire, rollwire.plugins, rollwire.data.protocol, rollwire.data.trajectory;"
         "bad=[m for m in sys.modules if m.startswith(('rollwire_', 'verl', 'torch', 'strands',"
         " 'langchain', 'langgraph', 'ray', 'transformers'))]; print(bad); assert not bad"
     )
@@ -61,7 +61,7 @@ def test_disable_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_duplicate_names_are_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib import metadata
 
-    import rollwire.plugins as plugins
+    import rollwire.plugins.registry as plugins
 
     real = list(metadata.entry_points(group="rollwire.trainers"))
     ok = next(ep for ep in real if ep.name == "fixture-ok")

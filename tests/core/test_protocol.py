@@ -8,9 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollwire.arrays import common_prefix_len, decode_array, encode_array
-from rollwire.dataset import read_jsonl, write_jsonl
-from rollwire.protocol import Group, ModelCall, Rollout, decode_calls, encode_calls, group_rollouts
+from rollwire.data.arrays import common_prefix_len, decode_array, encode_array
+from rollwire.data.dataset import read_jsonl, write_jsonl
+from rollwire.data.protocol import (
+    Group,
+    ModelCall,
+    Rollout,
+    decode_calls,
+    encode_calls,
+    group_rollouts,
+)
 from rollwire.testing.samples import forked_rollout, merged_rollout, moe_rollout, sample_batch
 
 

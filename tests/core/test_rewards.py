@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollwire.rewards import group_advantages, normalize_row_rewards
+from rollwire.data.rewards import group_advantages, normalize_row_rewards
 from rollwire.testing.samples import sample_batch
 
 

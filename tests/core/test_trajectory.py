@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollwire.protocol import ModelCall, Rollout
-from rollwire.trajectory import TrajectoryBuilder, build_rows, classify_fork
+from rollwire.data.protocol import ModelCall, Rollout
+from rollwire.data.trajectory import TrajectoryBuilder, build_rows, classify_fork
 
 # --------------------------------------------------------------------------- property tests
 
@@ -164,7 +164,7 @@ def test_no_spurious_forks(rollout: Rollout) -> None:
 @PROPS
 @given(sessions())
 def test_fork_position_is_the_longest_common_prefix(rollout: Rollout) -> None:
-    from rollwire.arrays import common_prefix_len
+    from rollwire.data.arrays import common_prefix_len
 
     by_id = {c.call_id: c for c in rollout.calls}
     for row in build_rows([rollout])[1:]:

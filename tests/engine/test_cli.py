@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from rollwire.engine import TinyModel, cli, tokenizer_dir
+from rollwire.cli import engine as cli
+from rollwire.engine import TinyModel, tokenizer_dir
 
 
 def test_save_model(tmp_path: Path) -> None:

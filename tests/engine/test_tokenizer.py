@@ -8,7 +8,7 @@ import pytest
 
 import rollwire.engine
 from rollwire.engine import EngineTokenizer, render_chat, tokenizer_dir
-from rollwire.engine.tokenizer import _train, build_tokenizer
+from rollwire.engine.tokenizer import _train, build_tokenizer, chat_template
 
 from .conftest import TOOLS
 
@@ -165,3 +165,20 @@ def test_reasoning_field_rendered_on_last_turn() -> None:
     )
     msgs.append({"role": "user", "content": "q2"})
     assert "because" not in render_chat(msgs)
+
+
+def test_one_chat_template_file_read_by_engine_and_transformers() -> None:
+    # One template file in the package; the tokenizer folder's config carries no second copy,
+    # and transformers reads the very same text the engine renders with.
+    package = Path(rollwire.engine.__file__).parent
+    templates = sorted(p.relative_to(package) for p in package.rglob("*.jinja"))
+    assert templates == [Path("hf_tokenizer/chat_template.jinja")]
+    config = json.loads((tokenizer_dir() / "tokenizer_config.json").read_text())
+    assert "chat_template" not in config
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+    assert hf.chat_template == chat_template() == EngineTokenizer()._template_text
+    messages = [{"role": "user", "content": "hi"}]
+    assert hf.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == render_chat(messages, add_generation_prompt=True)

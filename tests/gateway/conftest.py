@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from rollwire.agent.serving import ServerThread
 from rollwire.gateway import RunningGateway, serve_in_thread
-from rollwire.gateway.null_backend import NullBackend
-from rollwire.gateway_client import GatewayClient
-from rollwire.serving import ServerThread
+from rollwire.testing.null_backend import NullBackend
+from rollwire.trainer.gateway_client import GatewayClient
 
 
 def tool_reply(body: dict) -> dict:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import openai
 import pytest
 
+from rollwire.agent.serving import ServerThread
 from rollwire.gateway import RunningGateway
-from rollwire.gateway.null_backend import NullBackend
-from rollwire.gateway_client import AsyncGatewayClient, GatewayAPIError
-from rollwire.serving import ServerThread
+from rollwire.testing.null_backend import NullBackend
+from rollwire.trainer.gateway_client import AsyncGatewayClient, GatewayAPIError
 
 MSGS = [{"role": "user", "content": "hi"}]
 

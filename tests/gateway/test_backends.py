@@ -15,9 +15,9 @@ import openai
 import orjson
 import pytest
 
+from rollwire.agent.serving import ServerThread
 from rollwire.gateway import serve_in_thread
-from rollwire.gateway.null_backend import NullBackend, render_ids
-from rollwire.serving import ServerThread
+from rollwire.testing.null_backend import NullBackend, render_ids
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -329,7 +329,7 @@ def test_served_model_name_is_rediscovered_unless_pinned() -> None:
 
 
 async def test_async_add_backend_pins_model() -> None:
-    from rollwire.gateway_client import AsyncGatewayClient
+    from rollwire.trainer.gateway_client import AsyncGatewayClient
 
     with ServerThread(NullBackend()) as server, serve_in_thread(backends=[]) as gw:
         async with AsyncGatewayClient(gw.url, admin_key=gw.admin_key) as c:

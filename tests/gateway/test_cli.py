@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollwire.gateway.null_backend import NullBackend
-from rollwire.gateway_client import GatewayClient
-from rollwire.serving import ServerThread
+from rollwire.agent.serving import ServerThread
 from rollwire.store import SQLiteStore
+from rollwire.testing.null_backend import NullBackend
+from rollwire.trainer.gateway_client import GatewayClient
 
 ADMIN = "test-admin-key"
 
@@ -84,7 +84,7 @@ def test_acknowledged_calls_survive_sigkill(tmp_path: Path) -> None:
         argv = [
             sys.executable,
             "-m",
-            "rollwire.gateway.cli",
+            "rollwire.cli.gateway",
             "--port",
             str(port),
             "--store",

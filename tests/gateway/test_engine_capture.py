@@ -17,9 +17,9 @@ import numpy as np
 import openai
 import pytest
 
+from rollwire.data.protocol import ModelCall
 from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.gateway import RunningGateway, serve_in_thread
-from rollwire.protocol import ModelCall
 
 TOOLS = [
     {

@@ -8,10 +8,10 @@ import httpx
 import numpy as np
 import openai
 
+from rollwire.agent.serving import ServerThread
 from rollwire.gateway import RunningGateway
-from rollwire.gateway.null_backend import END_ID, NullBackend, render_ids
-from rollwire.gateway_client import GatewayClient
-from rollwire.serving import ServerThread
+from rollwire.testing.null_backend import END_ID, NullBackend, render_ids
+from rollwire.trainer.gateway_client import GatewayClient
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 6*7?"}]
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -16,10 +16,10 @@ import orjson
 import pytest
 
 import rollwire.gateway.app as gateway_app
+from rollwire.agent.serving import ServerThread
 from rollwire.gateway import RunningGateway, serve_in_thread
-from rollwire.gateway.null_backend import NullBackend
-from rollwire.gateway_client import GatewayAPIError, GatewayClient
-from rollwire.serving import ServerThread
+from rollwire.testing.null_backend import NullBackend
+from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient
 
 MSGS = [{"role": "user", "content": "hi"}]
 _JSON = b"application/json"

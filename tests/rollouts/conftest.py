@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from rollwire.serving import ServerThread
+from rollwire.agent.serving import ServerThread
 
 
 class CompleteRecorder:
@@ -87,8 +87,8 @@ def recorder() -> Iterator[CompleteRecorder]:
 def stack() -> Iterator[Any]:
     """A scripted embedded engine (Wordle solver) behind a real gateway."""
     from rollwire.engine import EmbeddedEngine, EngineConfig
+    from rollwire.envs.wordle import WordleSolver
     from rollwire.gateway import serve_in_thread
-    from rollwire.wordle import WordleSolver
 
     with (
         EmbeddedEngine(EngineConfig(scripted=WordleSolver(seed=0))) as engine,

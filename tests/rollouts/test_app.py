@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from rollwire.app import SESSION_HEADER, InvocationContext, RolloutApp
-from rollwire.serving import ServerThread
+from rollwire.agent.app import SESSION_HEADER, InvocationContext, RolloutApp
+from rollwire.agent.serving import ServerThread
 
 from .conftest import CompleteRecorder
 
@@ -324,7 +324,7 @@ def test_a_process_with_a_stuck_sync_handler_exits_after_shutdown(tmp_path: Any)
     script = tmp_path / "stuck.py"
     script.write_text(
         "import asyncio, time\n"
-        "from rollwire.app import RolloutApp\n"
+        "from rollwire.agent.app import RolloutApp\n"
         "app = RolloutApp(shutdown_timeout=1.0)\n"
         "app.rollout_entrypoint(lambda payload: time.sleep(60))\n"
         "payload = {'_rollwire': {'session_id': 's', 'base_url': 'http://127.0.0.1:9/v1',\n"

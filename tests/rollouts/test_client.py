@@ -18,15 +18,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollwire import client as client_module
-from rollwire.app import RolloutApp
-from rollwire.client import GatewayUnavailable, RolloutClient, task_id_of
-from rollwire.protocol import Group
-from rollwire.runners import LocalRunner, RunnerError
-from rollwire.serving import ServerThread
-from rollwire.trajectory import build_rows
-from rollwire.wordle import make_tasks
-from rollwire.wordle.agent_openai import app as wordle_app
+from rollwire.trainer import client as client_module
+from rollwire.agent.app import RolloutApp
+from rollwire.agent.serving import ServerThread
+from rollwire.data.protocol import Group
+from rollwire.data.trajectory import build_rows
+from rollwire.envs.wordle import make_tasks
+from rollwire.envs.wordle.agent_openai import app as wordle_app
+from rollwire.trainer.client import GatewayUnavailable, RolloutClient, task_id_of
+from rollwire.trainer.runners import LocalRunner, RunnerError
 
 
 def test_task_ids() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from rollwire.context import (
+from rollwire.agent.context import (
     async_openai_client,
     openai_client,
     rollout_context,
@@ -99,7 +99,7 @@ def test_agent_side_imports_stay_light() -> None:
     import sys
 
     code = (
-        "import sys, rollwire.app, rollwire.context, rollwire.agents.openai;"
+        "import sys, rollwire.agent.app, rollwire.agent.context, rollwire.agent.openai;"
         "bad=[m for m in ('numpy','rollwire.gateway','rollwire.engine','openai') if m in sys.modules];"
         "print(','.join(bad))"
     )

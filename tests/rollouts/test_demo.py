@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rollwire.cli import app as cli
-from rollwire.dataset import read_jsonl
-from rollwire.demo import DemoError, load_demo_agent
+from rollwire.cli.demo import DemoError, load_demo_agent
+from rollwire.data.dataset import read_jsonl
 from rollwire.plugins import discover
 
 
@@ -103,7 +103,7 @@ def test_run_then_export(tmp_path: Path) -> None:
     tasks.write_bytes(orjson.dumps({"task_id": "w1", "secret": "crane"}) + b"\n")
     out = tmp_path / "rollouts.jsonl"
     args = [
-        "run", "--agent", "rollwire.wordle.agent_openai:app", "--tasks", str(tasks), "--group-size", "2",
+        "run", "--agent", "rollwire.envs.wordle.agent_openai:app", "--tasks", str(tasks), "--group-size", "2",
         "--backend", "embedded", "--max-tokens", "16", "--out", str(out), "--no-progress",
     ]  # fmt: skip
     result = CliRunner().invoke(cli, args)

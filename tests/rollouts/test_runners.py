@@ -17,14 +17,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollwire.app import SESSION_HEADER, RolloutApp
-from rollwire.client import RolloutClient
-from rollwire.protocol import Group
-from rollwire.runners import HttpRunner, LocalRunner, RateLimiter, RunnerError, make_runner
-from rollwire.runners.agentcore import AgentCoreRunner, runtime_session_id
-from rollwire.serving import ServerThread
-from rollwire.wordle import make_tasks
-from rollwire.wordle.agent_openai import app as wordle_app
+from rollwire.agent.app import SESSION_HEADER, RolloutApp
+from rollwire.agent.serving import ServerThread
+from rollwire.data.protocol import Group
+from rollwire.envs.wordle import make_tasks
+from rollwire.envs.wordle.agent_openai import app as wordle_app
+from rollwire.trainer.client import RolloutClient
+from rollwire.trainer.runners import HttpRunner, LocalRunner, RateLimiter, RunnerError, make_runner
+from rollwire.trainer.runners.agentcore import AgentCoreRunner, runtime_session_id
 
 
 def _check_wordle(groups: list[Group], n_groups: int, group_size: int) -> None:
@@ -242,7 +242,7 @@ def test_agentcore_runner_through_boto3_against_a_local_stand_in(
 
 CRASHING_AGENT = """
 import os
-from rollwire.app import RolloutApp
+from rollwire.agent.app import RolloutApp
 
 app = RolloutApp()
 
@@ -262,10 +262,11 @@ def test_ray_runner_runs_rollouts_as_ray_tasks(
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     (tmp_path / "crashing_agent.py").write_text(CRASHING_AGENT)
     monkeypatch.syspath_prepend(str(tmp_path))  # workers get the driver's sys.path
-    from rollwire.runners.ray import RayRunner
+    from rollwire.trainer.runners.ray import RayRunner
 
     runner = RayRunner(
-        "rollwire.wordle.agent_openai:app", init_kwargs={"num_cpus": 2, "include_dashboard": False}
+        "rollwire.envs.wordle.agent_openai:app",
+        init_kwargs={"num_cpus": 2, "include_dashboard": False},
     )
     try:
         client = RolloutClient(

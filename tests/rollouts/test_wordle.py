@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollwire.wordle import (
+from rollwire.envs.wordle import (
     GUESS_TOOL,
     WordleGame,
     WordleSolver,
@@ -23,7 +23,7 @@ from rollwire.wordle import (
     score_game,
     split_words,
 )
-from rollwire.wordle.reward import NO_VALID_GUESS
+from rollwire.envs.wordle.reward import NO_VALID_GUESS
 
 words5 = st.text(alphabet=string.ascii_lowercase[:8], min_size=5, max_size=5)
 

@@ -15,12 +15,12 @@ import numpy as np
 import openai
 import pytest
 
+from rollwire.data.protocol import ModelCall, Rollout
+from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire.gateway.render import ChatRenderer
-from rollwire.gateway_client import GatewayAPIError
-from rollwire.protocol import ModelCall, Rollout
-from rollwire.trajectory import TrajectoryBuilder
+from rollwire.trainer.gateway_client import GatewayAPIError
 
 from .conftest import TOOLS
 

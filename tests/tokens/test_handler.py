@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from rollwire.data.protocol import ModelCall
 from rollwire.gateway import tokens
 from rollwire.gateway.app import Gateway
 from rollwire.gateway.backends import Backend
@@ -29,7 +30,6 @@ from rollwire.gateway.context import ChatContext
 from rollwire.gateway.render import ChatRenderer
 from rollwire.gateway.sampling import apply_sampling
 from rollwire.gateway.tokens_heal import FullRender
-from rollwire.protocol import ModelCall
 from rollwire.store.base import SessionRecord
 
 from .conftest import TOOLS, tokenizer_with_template

@@ -15,7 +15,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 import rollwire_rllm
-from rollwire.protocol import Rollout
+from rollwire.data.protocol import Rollout
+from rollwire.data.trajectory import build_rows
 from rollwire.testing import (
     TrainerAdapterConformance,
     failed_rollout,
@@ -26,7 +27,6 @@ from rollwire.testing import (
     single_turn_rollout,
 )
 from rollwire.testing.samples import LAYERS, TOP_K
-from rollwire.trajectory import build_rows
 from rollwire_rllm import decode_routing_matrix, episode_rows, to_episode_dicts
 
 EPISODE_KEYS = {"id", "task", "termination_reason", "is_correct", "trajectories", "metrics", "info"}

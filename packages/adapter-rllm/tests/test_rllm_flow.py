@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollwire.app import RolloutApp
-from rollwire.context import async_openai_client
+from rollwire.agent.app import RolloutApp
+from rollwire.agent.context import async_openai_client
 from rollwire.engine.server import EmbeddedEngine
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire_rllm import RollwireAgentFlow, decode_routing_matrix, episode_rows, rllm_task

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rollwire_slime
-from rollwire.context import async_openai_client
+from rollwire.agent.context import async_openai_client
 from rollwire.engine.server import EmbeddedEngine
 from rollwire_slime import HookConfig, generate, generate_rollout, normalize_rewards
 from rollwire_slime.hooks import _stop_gateways, slime_sampling, slime_task

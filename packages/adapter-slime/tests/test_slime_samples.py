@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import rollwire_slime
-from rollwire.protocol import Group, Rollout
+from rollwire.data.protocol import Group, Rollout
+from rollwire.data.trajectory import build_rows
 from rollwire.testing import (
     TrainerAdapterConformance,
     failed_rollout,
@@ -24,7 +25,6 @@ from rollwire.testing import (
     single_turn_rollout,
 )
 from rollwire.testing.samples import LAYERS, TOP_K
-from rollwire.trajectory import build_rows
 from rollwire_slime import SAMPLE_FIELDS, to_sample_dicts
 from rollwire_slime.samples import rollout_sample_dicts
 

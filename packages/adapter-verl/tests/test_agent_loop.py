@@ -24,8 +24,8 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
     _agent_loop_registry,
 )
 
-from rollwire.gateway_client import GatewayAPIError  # noqa: E402
-from rollwire.protocol import Rollout  # noqa: E402
+from rollwire.data.protocol import Rollout  # noqa: E402
+from rollwire.data.trajectory import TrajectoryBuilder  # noqa: E402
 from rollwire.testing import (  # noqa: E402
     failed_rollout,
     forked_rollout,
@@ -33,7 +33,7 @@ from rollwire.testing import (  # noqa: E402
     moe_rollout,
     single_turn_rollout,
 )
-from rollwire.trajectory import TrajectoryBuilder  # noqa: E402
+from rollwire.trainer.gateway_client import GatewayAPIError  # noqa: E402
 from rollwire_verl import agent_loop as al  # noqa: E402
 from rollwire_verl.agent_loop import (  # noqa: E402
     RolloutFailedError,
@@ -257,7 +257,7 @@ SCRIPT = {
 
 
 async def _agent(payload: dict[str, Any]) -> dict[str, Any]:
-    from rollwire.context import async_openai_client
+    from rollwire.agent.context import async_openai_client
 
     client = async_openai_client(payload)
     messages = list(payload["raw_prompt"])

@@ -15,10 +15,10 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa: E402
 
 import rollwire_verl  # noqa: E402
-from rollwire.adapters import TrainerAdapter  # noqa: E402
-from rollwire.protocol import Group, ModelCall, Rollout  # noqa: E402
+from rollwire.data.protocol import Group, ModelCall, Rollout  # noqa: E402
+from rollwire.data.trajectory import build_rows  # noqa: E402
+from rollwire.plugins.protocols import TrainerAdapter  # noqa: E402
 from rollwire.testing import TrainerAdapterConformance, sample_batch  # noqa: E402
-from rollwire.trajectory import build_rows  # noqa: E402
 from rollwire_verl import (  # noqa: E402
     ConversionReport,
     flatten_dataproto,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rollwire.adapters import TrainerAdapter
+from rollwire.plugins.protocols import TrainerAdapter
 
 
 def test_import_does_not_load_torch_or_verl() -> None:

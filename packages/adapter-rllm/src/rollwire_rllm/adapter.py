@@ -1,4 +1,4 @@
-"""The ``rollwire.trainers: rllm`` plugin object (:class:`rollwire.adapters.TrainerAdapter`)."""
+"""The ``rollwire.trainers: rllm`` plugin object (:class:`rollwire.plugins.protocols.TrainerAdapter`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rollwire.adapters import Batch, ExportedRow
+from rollwire.plugins.protocols import Batch, ExportedRow
 from rollwire_rllm.episodes import episode_rows, to_episode_dicts, to_episodes
 
 __all__ = ["RllmAdapter", "adapter"]

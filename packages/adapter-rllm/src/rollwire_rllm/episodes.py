@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from rollwire.protocol import Group, ModelCall, Rollout, Row, group_rollouts
-from rollwire.trajectory import SUPERSEDED_FLAG, BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire.data.protocol import Group, ModelCall, Rollout, Row, group_rollouts
+from rollwire.data.trajectory import SUPERSEDED_FLAG, BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
     "decode_routing_matrix",

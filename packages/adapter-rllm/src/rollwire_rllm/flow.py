@@ -2,7 +2,7 @@
 
 rLLM's ``AgentFlow`` protocol is ``run(task, config) -> Episode`` (sync) with an optional async
 ``arun``, which rLLM's ``run_agent_flow`` prefers inside an event loop. Both are here. The agent is
-any rollwire agent (a :class:`rollwire.app.RolloutApp` or handler, or agents behind a runner); the
+any rollwire agent (a :class:`rollwire.agent.app.RolloutApp` or handler, or agents behind a runner); the
 Episode is built from the calls rollwire captured, so its token ids are exactly the sampled ones.
 
 The flow replaces rLLM's model gateway: ``config.base_url`` is rLLM's per-session URL
@@ -17,8 +17,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollwire.protocol import CaptureMode, Rollout
-from rollwire.trajectory import BuildMode, TokenizerLike
+from rollwire.data.protocol import CaptureMode, Rollout
+from rollwire.data.trajectory import BuildMode, TokenizerLike
 from rollwire_rllm.episodes import (
     INFO_KEY,
     episode_from_dict,
@@ -143,13 +143,13 @@ class RollwireAgentFlow:
         # one shared local runner: closing it cancels every rollout of the agent app
         with self._lock:
             if self._local_runner is None:
-                from rollwire.runners import LocalRunner
+                from rollwire.trainer.runners import LocalRunner
 
                 self._local_runner = LocalRunner(self.agent, failure_reward=self.failure_reward)
             return self._local_runner
 
     async def _rollout(self, task: dict[str, Any], config: Any) -> Rollout:
-        from rollwire.client import RolloutClient
+        from rollwire.trainer.client import RolloutClient
 
         client = RolloutClient(
             self._gateway(),

@@ -1,4 +1,4 @@
-"""The ``rollwire.trainers: slime`` plugin object (:class:`rollwire.adapters.TrainerAdapter`)."""
+"""The ``rollwire.trainers: slime`` plugin object (:class:`rollwire.plugins.protocols.TrainerAdapter`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rollwire.adapters import Batch, ExportedRow
+from rollwire.plugins.protocols import Batch, ExportedRow
 from rollwire_slime.samples import iter_sample_leaves, to_sample_dicts, to_samples
 
 __all__ = ["SlimeAdapter", "adapter"]

@@ -2,7 +2,7 @@
 (a whole rollout batch), both running rollwire agents through a rollwire gateway that is backed by
 slime's own SGLang router.
 
-The plumbing is thin on purpose: :class:`rollwire.client.RolloutClient` does sessions, payloads,
+The plumbing is thin on purpose: :class:`rollwire.trainer.client.RolloutClient` does sessions, payloads,
 runners, deadlines and retries; the Sample building is the pure :func:`rollout_to_sample_dicts`.
 Configuration comes from ``args.rollwire_*`` attributes, else ``ROLLWIRE_*`` environment
 variables (see :class:`HookConfig` and the package README).
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollwire.protocol import CaptureMode, Rollout
-from rollwire.trajectory import BuildMode
+from rollwire.data.protocol import CaptureMode, Rollout
+from rollwire.data.trajectory import BuildMode
 from rollwire_slime.samples import METADATA_KEY, import_sample_class, rollout_sample_dicts
 
 __all__ = [
@@ -282,7 +282,7 @@ def _runner(cfg: HookConfig) -> tuple[Any, Any, str | None]:
     with _LOCK:
         runner = _LOCAL_RUNNERS.get(id(agent))
         if runner is None:
-            from rollwire.runners import LocalRunner
+            from rollwire.trainer.runners import LocalRunner
 
             runner = LocalRunner(agent, failure_reward=cfg.failure_reward)
             _LOCAL_RUNNERS[id(agent)] = runner
@@ -290,7 +290,7 @@ def _runner(cfg: HookConfig) -> tuple[Any, Any, str | None]:
 
 
 def _client(cfg: HookConfig, group_size: int, sampling: Mapping[str, Any]) -> Any:
-    from rollwire.client import RolloutClient
+    from rollwire.trainer.client import RolloutClient
 
     runner, app, app_path = _runner(cfg)
     return RolloutClient(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rollwire.rewards import normalize_row_rewards
+from rollwire.data.rewards import normalize_row_rewards
 
 __all__ = ["normalize_rewards"]
 

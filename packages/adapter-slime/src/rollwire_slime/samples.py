@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from rollwire.protocol import Group, Rollout, Row, group_rollouts
-from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire.data.protocol import Group, Rollout, Row, group_rollouts
+from rollwire.data.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
     "SAMPLE_FIELDS",

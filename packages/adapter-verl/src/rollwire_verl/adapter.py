@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rollwire.adapters import Batch, ExportedRow
+from rollwire.plugins.protocols import Batch, ExportedRow
 
 __all__ = ["DEFAULT_PAD_TOKEN_ID", "VerlAdapter", "adapter"]
 

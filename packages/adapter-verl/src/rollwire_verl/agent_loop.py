@@ -44,10 +44,10 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from rollwire.context import PAYLOAD_KEY
-from rollwire.gateway_client import GatewayAPIError
-from rollwire.protocol import TERMINAL_STATUSES, Rollout, Row
-from rollwire.trajectory import BuildMode, TrajectoryBuilder
+from rollwire.agent.context import PAYLOAD_KEY
+from rollwire.data.protocol import TERMINAL_STATUSES, Rollout, Row
+from rollwire.data.trajectory import BuildMode, TrajectoryBuilder
+from rollwire.trainer.gateway_client import GatewayAPIError
 from rollwire_verl.layout import cut_row, verl_num_turns
 
 logger = logging.getLogger(__name__)
@@ -429,7 +429,7 @@ class _Resources:
         self._clients: dict[int, Any] = {}
 
     def _make_runner(self) -> Any:
-        from rollwire.runners import make_runner
+        from rollwire.trainer.runners import make_runner
 
         spec = self.settings.runner
         if ":" in spec and spec.split(":", 1)[0] not in ("local", "http", "ray", "agentcore"):
@@ -447,7 +447,7 @@ class _Resources:
 
     def client(self) -> Any:
         """The gateway client of the running event loop (httpx clients are per loop)."""
-        from rollwire.gateway_client import AsyncGatewayClient
+        from rollwire.trainer.gateway_client import AsyncGatewayClient
 
         key = id(asyncio.get_running_loop())
         gw = self._clients.get(key)

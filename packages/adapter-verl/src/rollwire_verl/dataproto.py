@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from rollwire.adapters import ExportedRow
-from rollwire.protocol import Group, Rollout
-from rollwire.rewards import normalize_row_rewards
-from rollwire.trajectory import BuildMode, TokenizerLike
+from rollwire.data.protocol import Group, Rollout
+from rollwire.data.rewards import normalize_row_rewards
+from rollwire.data.trajectory import BuildMode, TokenizerLike
+from rollwire.plugins.protocols import ExportedRow
 from rollwire_verl.layout import (
     ConversionReport,
     OverlongPolicy,
@@ -137,7 +137,7 @@ def flatten_dataproto(data: DataProto) -> list[ExportedRow]:
 
     Placeholder rows (``non_tensor_batch["placeholder"]``: a rollout without a usable model call,
     one masked pad token) hold none of the rollout's tokens and are left out, so the result has
-    the rows :class:`rollwire.trajectory.TrajectoryBuilder` gives.
+    the rows :class:`rollwire.data.trajectory.TrajectoryBuilder` gives.
     """
     prompts = _np(data.batch["prompts"])
     responses = _np(data.batch["responses"])

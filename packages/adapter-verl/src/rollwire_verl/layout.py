@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rollwire.protocol import Group, Rollout, Row, group_rollouts
-from rollwire.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire.data.protocol import Group, Rollout, Row, group_rollouts
+from rollwire.data.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
     "RESERVED_NON_TENSOR_KEYS",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rollwire.context import (
+from rollwire.agent.context import (
     CREATE_PARAMS,
     ROLLOUT_MAX_RETRIES,
     rollout_context,

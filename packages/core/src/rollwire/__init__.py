@@ -13,33 +13,33 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     # agent side
-    "RolloutApp": "rollwire.app",
-    "RolloutContext": "rollwire.context",
-    "rollout_context": "rollwire.context",
-    "openai_client": "rollwire.context",
-    "async_openai_client": "rollwire.context",
-    "rollout_model": "rollwire.context",
-    "rollout_create_kwargs": "rollwire.context",
+    "RolloutApp": "rollwire.agent.app",
+    "RolloutContext": "rollwire.agent.context",
+    "rollout_context": "rollwire.agent.context",
+    "openai_client": "rollwire.agent.context",
+    "async_openai_client": "rollwire.agent.context",
+    "rollout_model": "rollwire.agent.context",
+    "rollout_create_kwargs": "rollwire.agent.context",
     # trainer side
-    "RolloutClient": "rollwire.client",
-    "GatewayUnavailable": "rollwire.client",
-    "GatewayClient": "rollwire.gateway_client",
-    "AsyncGatewayClient": "rollwire.gateway_client",
-    "LocalRunner": "rollwire.runners",
-    "HttpRunner": "rollwire.runners",
-    "RunnerError": "rollwire.runners",
-    "make_runner": "rollwire.runners",
+    "RolloutClient": "rollwire.trainer.client",
+    "GatewayUnavailable": "rollwire.trainer.client",
+    "GatewayClient": "rollwire.trainer.gateway_client",
+    "AsyncGatewayClient": "rollwire.trainer.gateway_client",
+    "LocalRunner": "rollwire.trainer.runners",
+    "HttpRunner": "rollwire.trainer.runners",
+    "RunnerError": "rollwire.trainer.runners",
+    "make_runner": "rollwire.trainer.runners",
     # data model
-    "ModelCall": "rollwire.protocol",
-    "Rollout": "rollwire.protocol",
-    "Group": "rollwire.protocol",
-    "Row": "rollwire.protocol",
-    "Fork": "rollwire.protocol",
-    "TrajectoryBuilder": "rollwire.trajectory",
-    "build_rows": "rollwire.trajectory",
-    "read_jsonl": "rollwire.dataset",
-    "write_jsonl": "rollwire.dataset",
-    "group_advantages": "rollwire.rewards",
+    "ModelCall": "rollwire.data.protocol",
+    "Rollout": "rollwire.data.protocol",
+    "Group": "rollwire.data.protocol",
+    "Row": "rollwire.data.protocol",
+    "Fork": "rollwire.data.protocol",
+    "TrajectoryBuilder": "rollwire.data.trajectory",
+    "build_rows": "rollwire.data.trajectory",
+    "read_jsonl": "rollwire.data.dataset",
+    "write_jsonl": "rollwire.data.dataset",
+    "group_advantages": "rollwire.data.rewards",
 }
 
 __all__ = [
@@ -72,9 +72,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from rollwire.app import RolloutApp
-    from rollwire.client import GatewayUnavailable, RolloutClient
-    from rollwire.context import (
+    from rollwire.agent.app import RolloutApp
+    from rollwire.agent.context import (
         RolloutContext,
         async_openai_client,
         openai_client,
@@ -82,12 +81,13 @@ if TYPE_CHECKING:
         rollout_create_kwargs,
         rollout_model,
     )
-    from rollwire.dataset import read_jsonl, write_jsonl
-    from rollwire.gateway_client import AsyncGatewayClient, GatewayClient
-    from rollwire.protocol import Fork, Group, ModelCall, Rollout, Row
-    from rollwire.rewards import group_advantages
-    from rollwire.runners import HttpRunner, LocalRunner, RunnerError, make_runner
-    from rollwire.trajectory import TrajectoryBuilder, build_rows
+    from rollwire.data.dataset import read_jsonl, write_jsonl
+    from rollwire.data.protocol import Fork, Group, ModelCall, Rollout, Row
+    from rollwire.data.rewards import group_advantages
+    from rollwire.data.trajectory import TrajectoryBuilder, build_rows
+    from rollwire.trainer.client import GatewayUnavailable, RolloutClient
+    from rollwire.trainer.gateway_client import AsyncGatewayClient, GatewayClient
+    from rollwire.trainer.runners import HttpRunner, LocalRunner, RunnerError, make_runner
 
 
 def __getattr__(name: str) -> Any:

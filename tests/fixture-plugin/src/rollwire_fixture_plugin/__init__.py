@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from rollwire.adapters import Batch, ExportedRow
-from rollwire.trajectory import build_rows
+from rollwire.data.trajectory import build_rows
+from rollwire.plugins.protocols import Batch, ExportedRow
 
 
 class JsonRowsAdapter:

@@ -27,7 +27,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Send
 
-from ..serving import ServerThread
+from rollwire.agent.serving import ServerThread
+
 from .config import EngineConfig
 from .faults import FaultDraw, FaultInjector
 from .model import ModelConfig, TinyModel

@@ -46,8 +46,17 @@ _SHIPPED = "hf_tokenizer"
 
 
 def chat_template() -> str:
-    """The Jinja chat template (ChatML, Hermes/Qwen-style tools, Qwen3-style thinking)."""
-    return resources.files(__package__).joinpath("chat_template.jinja").read_text("utf-8")
+    """The Jinja chat template (ChatML, Hermes/Qwen-style tools, Qwen3-style thinking).
+
+    One file, ``hf_tokenizer/chat_template.jinja``: the engine renders with it and transformers
+    reads the same file from the tokenizer folder (``tokenizer_config.json`` carries no copy).
+    """
+    return (
+        resources.files(__package__)
+        .joinpath(_SHIPPED)
+        .joinpath("chat_template.jinja")
+        .read_text("utf-8")
+    )
 
 
 def _corpus() -> str:
@@ -100,7 +109,6 @@ def _write_folder(folder: Path, tok: Tokenizer) -> None:
         "split_special_tokens": False,
         "added_tokens_decoder": added,
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "chat_template": chat_template(),
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
     special_map = {
@@ -110,6 +118,20 @@ def _write_folder(folder: Path, tok: Tokenizer) -> None:
     }
     (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
     (folder / "chat_template.jinja").write_text(chat_template())
+
+
+def _folder_template(folder: Path) -> str:
+    """The chat template a tokenizer folder carries, read the way transformers reads it: a
+    ``chat_template`` in ``tokenizer_config.json`` (older folders), else ``chat_template.jinja``;
+    the shipped template when the folder has neither."""
+    config = folder / "tokenizer_config.json"
+    if config.exists():
+        embedded = json.loads(config.read_text()).get("chat_template")
+        if isinstance(embedded, str):
+            return embedded
+    if (folder / "chat_template.jinja").exists():
+        return (folder / "chat_template.jinja").read_text("utf-8")
+    return chat_template()
 
 
 def build_tokenizer(folder: str | os.PathLike[str]) -> Path:
@@ -171,11 +193,7 @@ class EngineTokenizer:
             dict.fromkeys([self.eos_id, self.pad_id, self._require("<|im_start|>")])
         )
         self._token_bytes: list[bytes] = [self._bytes_of(i) for i in range(self.vocab_size)]
-        self._template_text = (
-            json.loads((self.folder / "tokenizer_config.json").read_text())["chat_template"]
-            if (self.folder / "tokenizer_config.json").exists()
-            else chat_template()
-        )
+        self._template_text = _folder_template(self.folder)
 
     def _require(self, token: str) -> int:
         tid = self._tok.token_to_id(token)

@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from rollwire.data.protocol import ModelCall
 from rollwire.gateway.backends import Backend, BackendPool
 from rollwire.gateway.capture import (
     Asked,
@@ -46,7 +47,6 @@ from rollwire.gateway.upstream import (
     UpstreamError,
     UpstreamPool,
 )
-from rollwire.protocol import ModelCall
 from rollwire.store import SessionClosed, SessionNotFound, SessionRecord, Store, open_store
 
 __all__ = ["Gateway"]

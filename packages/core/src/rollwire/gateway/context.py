@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import aiohttp
 
+    from rollwire.data.protocol import ModelCall
     from rollwire.gateway.app import Gateway
     from rollwire.gateway.backends import Backend
-    from rollwire.protocol import ModelCall
     from rollwire.store.base import SessionRecord
 
 __all__ = ["ChatContext"]

@@ -19,13 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rollwire.data.protocol import TERMINAL_STATUSES, Rollout
+from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.gateway.config import BACKEND_KINDS, BackendSpec
 from rollwire.gateway.errors import GatewayError, error_response
 from rollwire.gateway.sampling import POLICIES, check_sampling
 from rollwire.gateway.security import TokenError
-from rollwire.protocol import TERMINAL_STATUSES, Rollout
 from rollwire.store import CompletionConflict, SessionExists, SessionNotFound, SessionRecord
-from rollwire.trajectory import TrajectoryBuilder
 
 if TYPE_CHECKING:
     from rollwire.gateway.app import Gateway

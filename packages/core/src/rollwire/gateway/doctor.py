@@ -4,7 +4,7 @@ Plays synthetic conversations through the template, the way an agent does: rende
 append the assistant tokens as the model would sample them, let a typical client send the reply
 back (reasoning dropped, tool-call arguments re-serialized), render turn k+1. Passthrough capture
 holds when each prompt extends the previous prompt + completion; where it does not, the fork is
-located and classified (:func:`rollwire.trajectory.classify_fork`). Tokens mode holds when healing
+located and classified (:func:`rollwire.data.trajectory.classify_fork`). Tokens mode holds when healing
 continues every turn and its rendered suffix equals what the template puts there.
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import typer
 
-from rollwire.arrays import common_prefix_len
+from rollwire.data.arrays import common_prefix_len
+from rollwire.data.trajectory import classify_fork
 from rollwire.gateway.parsers import detect_parser, parse_completion
 from rollwire.gateway.render import ChatRenderer
 from rollwire.gateway.tokens_heal import Healer
-from rollwire.trajectory import classify_fork
 
 __all__ = ["CaseReport", "DoctorReport", "diagnose", "doctor_command", "print_report"]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rollwire.agent.serving import ServerThread
 from rollwire.gateway.app import Gateway
 from rollwire.gateway.config import BackendSpec, GatewayConfig
-from rollwire.serving import ServerThread
 
 if TYPE_CHECKING:
-    from rollwire.gateway_client import GatewayClient
+    from rollwire.trainer.gateway_client import GatewayClient
 
 __all__ = ["RunningGateway", "serve_in_thread"]
 
@@ -30,7 +30,7 @@ class RunningGateway:
 
     def client(self) -> GatewayClient:
         """A synchronous control-plane client for this gateway."""
-        from rollwire.gateway_client import GatewayClient
+        from rollwire.trainer.gateway_client import GatewayClient
 
         return GatewayClient(self.url, self.admin_key)
 

@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from rollwire.data.protocol import ModelCall
 from rollwire.gateway.capture import resolve_policy_version
 from rollwire.gateway.errors import error_response
 from rollwire.gateway.parsers import (
@@ -48,7 +49,6 @@ from rollwire.gateway.tokens_backend import (
 )
 from rollwire.gateway.tokens_heal import FullRender, Healer, HealResult
 from rollwire.gateway.tokens_response import chat_completion, iterate, sse_chunks
-from rollwire.protocol import ModelCall
 
 if TYPE_CHECKING:
     from rollwire.gateway.app import Gateway

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from rollwire.protocol import TERMINAL_STATUSES, ModelCall
+from rollwire.data.protocol import TERMINAL_STATUSES, ModelCall
 
 __all__ = [
     "CompletionConflict",

@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import orjson
 
-from rollwire.protocol import TERMINAL_STATUSES, ModelCall, find_parent
+from rollwire.data.protocol import TERMINAL_STATUSES, ModelCall, find_parent
 from rollwire.store.base import (
     CompletionConflict,
     SessionClosed,

@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from rollwire.adapters import AgentAdapter
 from rollwire.plugins import check_requirements
+from rollwire.plugins.protocols import AgentAdapter
 
 __all__ = [
     "PRODUCTION_MODEL",
@@ -470,9 +470,9 @@ class AgentAdapterConformance:
             pytest.skip(f"{adapter.name} has no {'streaming' if stream else 'non-streaming'} mode")
         if capture == "tokens":
             pytest.importorskip("transformers", reason="tokens capture needs rollwire[tokens]")
-        from rollwire.app import RolloutApp
-        from rollwire.client import RolloutClient
-        from rollwire.runners import LocalRunner
+        from rollwire.agent.app import RolloutApp
+        from rollwire.trainer.client import RolloutClient
+        from rollwire.trainer.runners import LocalRunner
 
         client = rollout_env.client
         sampling = {"temperature": 0.8, "max_tokens": 128}

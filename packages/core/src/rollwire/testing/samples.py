@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rollwire.protocol import Group, ModelCall, Rollout
+from rollwire.data.protocol import Group, ModelCall, Rollout
 
 __all__ = [
     "failed_rollout",

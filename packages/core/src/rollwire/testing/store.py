@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollwire.protocol import ModelCall
+from rollwire.data.protocol import ModelCall
 from rollwire.store.base import (
     CompletionConflict,
     SessionClosed,

@@ -8,10 +8,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from rollwire.adapters import ExportedRow, TrainerAdapter
-from rollwire.protocol import Group, Row
+from rollwire.data.protocol import Group, Row
+from rollwire.data.trajectory import build_rows
+from rollwire.plugins.protocols import ExportedRow, TrainerAdapter
 from rollwire.testing.samples import sample_batch
-from rollwire.trajectory import build_rows
 
 __all__ = ["TrainerAdapterConformance"]
 

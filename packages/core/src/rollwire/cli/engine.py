@@ -1,0 +1,196 @@
+"""``rollwire engine``: serve the embedded engine, or write its model to a folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+__all__ = ["engine_app"]
+
+engine_app = typer.Typer(
+    name="engine",
+    help="The embedded engine: a tiny random-weight model with vLLM/SGLang-compatible HTTP APIs (CPU only).",
+    no_args_is_help=False,
+)
+
+
+def _serve(
+    host: str,
+    port: int,
+    model_dir: Path | None,
+    seed: int,
+    logprobs_mode: str,
+    return_routed_experts: bool,
+    scripted: str | None,
+    weight_version: str,
+    fault_error_rate: float,
+    fault_throttle_rate: float,
+    fault_latency_ms: float,
+    fault_truncate_stream_rate: float,
+    fault_drop_token_ids_rate: float,
+    fault_seed: int,
+    log_level: str,
+    served_model_name: list[str] | None = None,
+    strict_model_name: bool = True,
+    openai_ids_style: str = "vllm",
+) -> None:
+    import uvicorn
+
+    from rollwire.engine.config import EngineConfig, FaultConfig
+    from rollwire.engine.server import create_app
+
+    if logprobs_mode not in ("raw", "processed"):
+        raise typer.BadParameter(f"--logprobs-mode must be raw or processed, got {logprobs_mode!r}")
+    if openai_ids_style not in ("vllm", "sglang"):
+        raise typer.BadParameter(
+            f"--openai-ids-style must be vllm or sglang, got {openai_ids_style!r}"
+        )
+    config = EngineConfig(
+        model_dir=model_dir,
+        seed=seed,
+        logprobs_mode=logprobs_mode,  # type: ignore[arg-type]
+        return_routed_experts=return_routed_experts,
+        scripted=scripted,
+        weight_version=weight_version,
+        served_model_names=served_model_name or ["rollwire-tiny"],
+        strict_model_name=strict_model_name,
+        openai_ids_style=openai_ids_style,  # type: ignore[arg-type]
+        faults=FaultConfig(
+            error_rate=fault_error_rate,
+            throttle_rate=fault_throttle_rate,
+            latency_ms=fault_latency_ms,
+            truncate_stream_rate=fault_truncate_stream_rate,
+            drop_token_ids_rate=fault_drop_token_ids_rate,
+            seed=fault_seed,
+        ),
+    )
+    app = create_app(config)
+    typer.echo(
+        f"rollwire engine: serving {config.model_name} on http://{host}:{port} (OpenAI base /v1)"
+    )
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+_HOST = typer.Option("127.0.0.1", help="Interface to bind.")
+_PORT = typer.Option(8000, help="TCP port.")
+_MODEL_DIR = typer.Option(
+    None, help="Folder written by `rollwire engine save-model` (default: seeded model)."
+)
+_SEED = typer.Option(0, help="Weight seed of the default model.")
+_MODE = typer.Option(
+    "raw", help="Log-probs: raw (vLLM default) or processed (temperature-scaled, SGLang default)."
+)
+_EXPERTS = typer.Option(
+    False,
+    help="Return routed experts on every response (like vLLM's --enable-return-routed-experts).",
+)
+_SCRIPTED = typer.Option(
+    None, help="Script file (JSON/YAML) or module:function forcing the assistant text."
+)
+_VERSION = typer.Option("0", help="Initial weight version.")
+_ERR = typer.Option(0.0, help="Probability of an injected 500 per generation request.")
+_THROTTLE = typer.Option(0.0, help="Probability of an injected 429 (with Retry-After).")
+_LATENCY = typer.Option(0.0, help="Latency added to every generation request, in ms.")
+_TRUNC = typer.Option(0.0, help="Probability that a stream is cut before [DONE].")
+_DROP = typer.Option(
+    0.0, help="Probability that token_ids/prompt_token_ids are missing from a response."
+)
+_FSEED = typer.Option(0, help="Seed of the fault draws.")
+_LOG = typer.Option("warning", help="uvicorn log level.")
+_NAMES = typer.Option(
+    None,
+    "--served-model-name",
+    help="Model name served by /v1/models (repeatable; default rollwire-tiny).",
+)
+_STRICT = typer.Option(
+    True,
+    "--strict-model-name/--any-model-name",
+    help="Answer vLLM's 404 to requests naming another model, as vLLM does (the gateway sends "
+    "the served name); --any-model-name accepts and echoes any name.",
+)
+_IDS_STYLE = typer.Option(
+    "vllm",
+    "--openai-ids-style",
+    help="Token ids on the OpenAI routes: vllm (return_token_ids: prompt_token_ids, token_ids) "
+    "or sglang (chat choices carry prompt_token_ids/response_token_ids; streams use "
+    "return_output_ids_in_sglext).",
+)
+
+
+@engine_app.callback(invoke_without_command=True)
+def main(
+    ctx: typer.Context,
+    host: str = _HOST,
+    port: int = _PORT,
+    model_dir: Path | None = _MODEL_DIR,
+    seed: int = _SEED,
+    logprobs_mode: str = _MODE,
+    return_routed_experts: bool = _EXPERTS,
+    scripted: str | None = _SCRIPTED,
+    weight_version: str = _VERSION,
+    fault_error_rate: float = _ERR,
+    fault_throttle_rate: float = _THROTTLE,
+    fault_latency_ms: float = _LATENCY,
+    fault_truncate_stream_rate: float = _TRUNC,
+    fault_drop_token_ids_rate: float = _DROP,
+    fault_seed: int = _FSEED,
+    log_level: str = _LOG,
+    served_model_name: list[str] | None = _NAMES,
+    strict_model_name: bool = _STRICT,
+    openai_ids_style: str = _IDS_STYLE,
+) -> None:
+    """Serve the engine (same as `rollwire engine serve`) when no subcommand is given."""
+    if ctx.invoked_subcommand is None:
+        _serve(**{k: v for k, v in locals().items() if k != "ctx"})
+
+
+@engine_app.command()
+def serve(
+    host: str = _HOST,
+    port: int = _PORT,
+    model_dir: Path | None = _MODEL_DIR,
+    seed: int = _SEED,
+    logprobs_mode: str = _MODE,
+    return_routed_experts: bool = _EXPERTS,
+    scripted: str | None = _SCRIPTED,
+    weight_version: str = _VERSION,
+    fault_error_rate: float = _ERR,
+    fault_throttle_rate: float = _THROTTLE,
+    fault_latency_ms: float = _LATENCY,
+    fault_truncate_stream_rate: float = _TRUNC,
+    fault_drop_token_ids_rate: float = _DROP,
+    fault_seed: int = _FSEED,
+    log_level: str = _LOG,
+    served_model_name: list[str] | None = _NAMES,
+    strict_model_name: bool = _STRICT,
+    openai_ids_style: str = _IDS_STYLE,
+) -> None:
+    """Serve the engine's HTTP APIs (vLLM OpenAI routes, /inference/v1/generate, SGLang /generate)."""
+    _serve(**locals())
+
+
+@engine_app.command("save-model")
+def save_model(
+    directory: Path = typer.Argument(
+        ..., help="Folder to write config.json, weights.npz and tokenizer/ into."
+    ),
+    seed: int = _SEED,
+) -> None:
+    """Write the seeded model (config, weights and HF tokenizer folder) to DIRECTORY."""
+    from rollwire.engine.model import ModelConfig, TinyModel
+
+    out = TinyModel(ModelConfig(seed=seed)).save(directory)
+    typer.echo(f"wrote {out}/config.json, weights.npz and tokenizer/")
+
+
+@engine_app.command("build-tokenizer")
+def build_tokenizer_cmd(
+    directory: Path = typer.Argument(..., help="Folder to write the Hugging Face tokenizer into."),
+) -> None:
+    """Retrain the engine's tokenizer from the shipped corpus into DIRECTORY (how the shipped
+    tokenizer folder was made)."""
+    from rollwire.engine.tokenizer import build_tokenizer
+
+    out = build_tokenizer(directory)
+    typer.echo(f"wrote {out}/tokenizer.json, tokenizer_config.json and special_tokens_map.json")

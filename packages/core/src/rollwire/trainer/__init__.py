@@ -1,0 +1,1 @@
+"""The trainer side: :class:`RolloutClient`, :class:`GatewayClient` and the rollout runners."""

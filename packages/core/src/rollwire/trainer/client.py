@@ -1,0 +1,648 @@
+"""The trainer side: fan tasks out as groups of N rollouts and collect them from the gateway.
+
+For every task, :class:`RolloutClient` creates N sessions sharing a ``group_id``, builds each
+payload (the task plus ``_rollwire``, DESIGN §7), hands it to a runner, waits on the gateway until
+the rollout is terminal and fetches it. Failed rollouts are kept, with their status and the failure
+reward, never dropped; a whole group is dropped only with ``drop_failed_groups=True``. One rollout's
+error (a runner bug, a control-plane call that keeps failing) fails that rollout only; the run is
+aborted only when the gateway stays unreachable for ``gateway_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from rollwire.agent.context import PAYLOAD_KEY
+from rollwire.data.protocol import TERMINAL_STATUSES, CaptureMode, Group, Rollout
+from rollwire.trainer.gateway_client import SessionHandle, SessionInfo
+from rollwire.trainer.runners.base import RateLimiter, Runner, RunnerError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+__all__ = ["GatewayUnavailable", "RolloutClient", "RunStats", "task_id_of"]
+
+log = logging.getLogger(__name__)
+
+
+def task_id_of(task: Mapping[str, Any], index: int) -> str:
+    """A task's id: ``task["task_id"]``, else ``task["id"]``, else its index in the dataset."""
+    for key in ("task_id", "id"):
+        value = task.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return str(index)
+
+
+class GatewayUnavailable(RuntimeError):
+    """The gateway stayed unreachable longer than ``gateway_timeout``: the run was aborted.
+
+    ``groups`` holds the groups that were complete before the abort (in task order for ``run``).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.groups: list[Group] = []
+
+
+@dataclass
+class RunStats:
+    """Counters of the last run (``RolloutClient.stats``)."""
+
+    rollouts: int = 0
+    completed: int = 0
+    failed: int = 0
+    groups: int = 0
+    dropped_groups: int = 0
+    infra_retries: int = 0
+    gateway_retries: int = 0
+    undeliverable: int = 0
+    client_errors: int = 0
+    client_timeouts: int = 0
+    calls: int = 0
+    wall_s: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+class RolloutClient:
+    """Runs tasks as GRPO groups of ``group_size`` rollouts through a gateway and a runner.
+
+    ``gateway``: a URL (with ``admin_key``), ``"embedded"`` (an in-process gateway over
+    ``backends``), or a running gateway object with ``url`` and ``admin_key``. ``runner``: a
+    :class:`~rollwire.trainer.runners.Runner` or a spec for :func:`~rollwire.trainer.runners.make_runner` (``local``
+    needs ``app``; ``ray`` needs ``app_path``). ``deadline`` is seconds per rollout; the agent
+    enforces it and the client gives up ``deadline_grace`` seconds later. Only invocations the
+    runner could not deliver are retried (``infra_retries`` times) — never a failed rollout.
+    Control-plane calls are retried while the gateway is unreachable, for up to
+    ``gateway_timeout`` seconds; after that the run is aborted with :class:`GatewayUnavailable`.
+    A runner built from a spec is kept across runs; :meth:`close`/:meth:`aclose` release it.
+    """
+
+    def __init__(
+        self,
+        gateway: Any = "embedded",
+        *,
+        runner: Runner | str = "local",
+        app: Any = None,
+        app_path: str | None = None,
+        admin_key: str | None = None,
+        backends: Sequence[Any] = (),
+        group_size: int = 4,
+        sampling: Mapping[str, Any] | None = None,
+        capture: CaptureMode = "passthrough",
+        model: str = "policy",
+        concurrency: int = 64,
+        rate_limit: float | None = None,
+        deadline: float = 600.0,
+        deadline_grace: float = 15.0,
+        infra_retries: int = 2,
+        retry_backoff: float = 0.5,
+        gateway_timeout: float = 60.0,
+        failure_reward: float = 0.0,
+        drop_failed_groups: bool = False,
+        progress: bool = False,
+        session_options: Mapping[str, Any] | None = None,
+        gateway_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if group_size < 1:
+            raise ValueError(f"group_size must be at least 1, got {group_size}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if deadline <= 0:
+            raise ValueError(f"deadline must be positive seconds, got {deadline}")
+        self.group_size = group_size
+        self.sampling = dict(sampling or {})
+        self.capture: CaptureMode = capture
+        self.model = model
+        self.concurrency = concurrency
+        self.rate_limit = rate_limit
+        self.deadline = deadline
+        self.deadline_grace = deadline_grace
+        self.infra_retries = infra_retries
+        self.retry_backoff = retry_backoff
+        self.gateway_timeout = gateway_timeout
+        self.failure_reward = failure_reward
+        self.drop_failed_groups = drop_failed_groups
+        self.progress = progress
+        self.session_options = dict(session_options or {})
+        self.stats = RunStats()
+        self._runner_spec = runner
+        self._runner: Runner | None = None  # built from a spec, kept across runs
+        self._app = app
+        self._app_path = app_path
+        self._embedded: Any = None
+        if isinstance(gateway, str) and gateway == "embedded":
+            from rollwire.gateway import serve_in_thread
+
+            self._embedded = serve_in_thread(backends=list(backends), **dict(gateway_options or {}))
+            self.gateway_url, self.admin_key = self._embedded.url, self._embedded.admin_key
+        elif isinstance(gateway, str):
+            if not admin_key:
+                raise ValueError(
+                    f"the gateway at {gateway} needs its admin key: pass admin_key=..."
+                )
+            self.gateway_url, self.admin_key = gateway.rstrip("/"), admin_key
+        elif hasattr(gateway, "url") and hasattr(gateway, "admin_key"):
+            self.gateway_url, self.admin_key = str(gateway.url).rstrip("/"), str(gateway.admin_key)
+        else:
+            raise TypeError(
+                f"gateway must be a URL, 'embedded' or a running gateway, got {type(gateway).__name__}"
+            )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the runner this client built and stop the embedded gateway it started."""
+        if self._runner is not None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                asyncio.run(self._close_runner())
+            else:
+                log.warning(
+                    "RolloutClient.close() inside an event loop: use `await client.aclose()`"
+                )
+        self._stop_embedded()
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        await self._close_runner()
+        self._stop_embedded()
+
+    async def _close_runner(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.aclose()
+
+    def _stop_embedded(self) -> None:
+        if self._embedded is not None:
+            self._embedded.stop()
+            self._embedded = None
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RolloutClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def run(self, tasks: Iterable[Mapping[str, Any]]) -> list[Group]:
+        """Run every task as a group; returns the groups in task order (blocking)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(tasks))
+        raise RuntimeError(
+            "RolloutClient.run() was called inside a running event loop; use `await client.arun(tasks)`"
+        )
+
+    async def arun(self, tasks: Iterable[Mapping[str, Any]]) -> list[Group]:
+        """Async :meth:`run`: the groups in task order."""
+        task_list = list(tasks)
+        done: dict[str, Group] = {}
+        order: list[str] = []
+        try:
+            async for group in self._stream(task_list, order):
+                done[group.group_id] = group
+        except GatewayUnavailable as exc:
+            exc.groups = [done[gid] for gid in order if gid in done]
+            raise
+        return [done[gid] for gid in order if gid in done]
+
+    async def stream(self, tasks: Iterable[Mapping[str, Any]]) -> AsyncIterator[Group]:
+        """Yield each group as soon as all of its rollouts are terminal (completion order)."""
+        async for group in self._stream(list(tasks), []):
+            yield group
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _get_runner(self) -> tuple[Runner, bool]:
+        if not isinstance(self._runner_spec, str):
+            return self._runner_spec, False
+        if self._runner is None:
+            from rollwire.trainer.runners import make_runner
+
+            self._runner = make_runner(self._runner_spec, app=self._app, app_path=self._app_path)
+        return self._runner, True
+
+    async def _stream(
+        self, tasks: list[Mapping[str, Any]], order: list[str]
+    ) -> AsyncIterator[Group]:
+        self.stats = RunStats()
+        started = time.monotonic()
+        runner, owned = self._get_runner()
+        gw = _ControlPlane(self.gateway_url, self.admin_key, self.concurrency)
+        sem = asyncio.Semaphore(self.concurrency)
+        limiter = RateLimiter(self.rate_limit)
+        progress, bar = self._progress(len(tasks) * self.group_size)
+        tick: Callable[[Rollout], None] = lambda r: self._tick(progress, bar, r)  # noqa: E731
+        jobs: list[asyncio.Task[Group]] = []
+        sids: list[str] = []  # this run's sessions, for the runner's drain
+        clean = False
+        try:
+            for i, task in enumerate(tasks):
+                if not isinstance(task, Mapping):
+                    raise TypeError(f"task #{i} must be a dict, got {type(task).__name__}")
+                tid = task_id_of(task, i)
+                gid = f"{tid}-{uuid.uuid4().hex[:10]}"
+                order.append(gid)
+                jobs.append(
+                    asyncio.create_task(
+                        self._group(gw, runner, sem, limiter, dict(task), tid, gid, tick, sids)
+                    )
+                )
+            for fut in asyncio.as_completed(jobs):
+                group = await fut
+                self.stats.groups += 1
+                if self.drop_failed_groups and any(r.status != "completed" for r in group.rollouts):
+                    self.stats.dropped_groups += 1
+                    continue
+                yield group
+            clean = True
+        except GatewayUnavailable as exc:
+            log.error("%s", exc)
+            raise
+        finally:
+            for job in jobs:
+                job.cancel()
+            if jobs:
+                await asyncio.gather(*jobs, return_exceptions=True)
+            if progress is not None:
+                progress.stop()
+            if owned and not clean:  # rollouts may still run: cancel them (terminal records too)
+                await self._close_runner()
+            else:
+                await self._drain(runner, sids)
+            await gw.aclose()
+            self.stats.wall_s = time.monotonic() - started
+
+    def _progress(self, total: int) -> tuple[Progress | None, TaskID | None]:
+        if not self.progress:
+            return None, None
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        progress = Progress(
+            TextColumn("rollouts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+        )
+        bar = progress.add_task("", total=total)
+        progress.start()
+        return progress, bar
+
+    def _tick(self, progress: Progress | None, bar: TaskID | None, rollout: Rollout) -> None:
+        s = self.stats
+        s.rollouts += 1
+        s.calls += len(rollout.calls)
+        s.statuses[rollout.status] = s.statuses.get(rollout.status, 0) + 1
+        if rollout.status == "completed":
+            s.completed += 1
+        else:
+            s.failed += 1
+        if progress is not None and bar is not None:
+            progress.update(bar, advance=1, description=f"failed {s.failed}")
+
+    async def _group(
+        self,
+        gw: _ControlPlane,
+        runner: Runner,
+        sem: asyncio.Semaphore,
+        limiter: RateLimiter,
+        task: dict[str, Any],
+        task_id: str,
+        group_id: str,
+        tick: Callable[[Rollout], None],
+        sids: list[str],
+    ) -> Group:
+        rollouts = await asyncio.gather(
+            *(
+                self._rollout(gw, runner, sem, limiter, task, task_id, group_id, k, tick, sids)
+                for k in range(self.group_size)
+            )
+        )
+        return Group(group_id=group_id, task_id=task_id, task=task, rollouts=list(rollouts))
+
+    async def _rollout(
+        self,
+        gw: _ControlPlane,
+        runner: Runner,
+        sem: asyncio.Semaphore,
+        limiter: RateLimiter,
+        task: dict[str, Any],
+        task_id: str,
+        group_id: str,
+        index: int,
+        tick: Callable[[Rollout], None],
+        sids: list[str],
+    ) -> Rollout:
+        async with sem:
+            await limiter.acquire()
+            # A session the gateway refuses to create (4xx) is a configuration error that every
+            # rollout would hit: it ends the run, like a gateway that stays unreachable.
+            handle = await self._gateway(
+                "create a session",
+                lambda: gw.create_session(
+                    group_id=group_id,
+                    task_id=task_id,
+                    metadata={"rollout_index": index},
+                    sampling=self.sampling,
+                    capture=self.capture,
+                    ttl=int(self.deadline + self.deadline_grace + 300),
+                    **self.session_options,
+                ),
+            )
+            sid = handle.session_id
+            sids.append(sid)
+            deadline_at = time.time() + self.deadline
+            payload = {k: v for k, v in task.items() if k != PAYLOAD_KEY}
+            payload[PAYLOAD_KEY] = {
+                "version": 1,
+                "session_id": sid,
+                "base_url": handle.base_url,
+                "api_key": handle.token,
+                "model": self.model,
+                "sampling": self.sampling,
+                "complete_url": handle.complete_url,
+                "deadline": deadline_at,
+                "group_id": group_id,
+                "task_id": task_id,
+            }
+            try:
+                problem = await self._deliver(gw, runner, payload, sid)
+                if problem is not None:
+                    self.stats.undeliverable += 1
+                    await self._complete(
+                        gw, sid, "failed", f"the runner could not reach the agent: {problem}"
+                    )
+                else:
+                    await self._wait(gw, sid, deadline_at)
+            except GatewayUnavailable:
+                raise
+            except Exception as exc:  # this rollout's problem, not the run's
+                self.stats.client_errors += 1
+                log.warning("rollout %s failed in the client: %s: %s", sid, type(exc).__name__, exc)
+                await self._complete(
+                    gw, sid, "failed", f"rollout client error: {type(exc).__name__}: {exc}"
+                )
+            await self._release(runner, sid)
+            rollout = await self._fetch(gw, sid)
+            if rollout.task is None:
+                rollout.task = task
+            if rollout.group_id is None:
+                rollout.group_id = group_id
+            if rollout.task_id is None:
+                rollout.task_id = task_id
+            tick(rollout)
+            return rollout
+
+    async def _deliver(
+        self, gw: _ControlPlane, runner: Runner, payload: dict[str, Any], sid: str
+    ) -> str | None:
+        """Invoke with retries of infrastructure errors; the last error text, or None on success.
+
+        Before a retry the session is looked up: an agent that took the earlier invocation after
+        all (the answer was lost: a read timeout, a load balancer's 502) has made calls or
+        reported, and is not invoked again — one session never runs on two agents.
+        """
+        delay = self.retry_backoff
+        for attempt in range(self.infra_retries + 1):
+            if attempt > 0:
+                info = await self._gateway("look up the session", lambda: gw.session(sid))
+                if info.terminal or info.num_calls > 0:
+                    log.info("rollout %s: the agent took the earlier invocation; not retrying", sid)
+                    return None
+            try:
+                await runner.invoke(payload, sid)
+                return None
+            except RunnerError as exc:
+                if not exc.retryable or attempt == self.infra_retries:
+                    return str(exc)
+                log.info("rollout %s: invocation failed (%s); retrying in %.1fs", sid, exc, delay)
+            self.stats.infra_retries += 1
+            await asyncio.sleep(delay)
+            delay *= 2
+        return "unreachable"
+
+    async def _drain(self, runner: Runner, sids: list[str]) -> None:
+        """End the run on a runner the client does not own: ``runner.drain(session_ids)`` for this
+        run's sessions only (the runner may be shared with other runs). Best effort: a failing
+        drain is logged, and the run's groups are kept."""
+        drain = getattr(runner, "drain", None)
+        if drain is None:
+            return
+        try:
+            if _takes_argument(drain):
+                await drain(list(sids))
+            else:  # a runner written against the older drain() protocol
+                await drain()
+        except Exception as exc:
+            log.warning("runner.drain failed after the run: %s: %s", type(exc).__name__, exc)
+
+    async def _release(self, runner: Runner, sid: str) -> None:
+        release = getattr(runner, "release", None)
+        if release is None:
+            return
+        try:
+            await release(sid)
+        except Exception as exc:  # freeing runner resources is best effort
+            log.warning("rollout %s: runner.release failed: %s: %s", sid, type(exc).__name__, exc)
+
+    async def _wait(self, gw: _ControlPlane, sid: str, deadline_at: float) -> None:
+        give_up = deadline_at + self.deadline_grace
+        while True:
+            left = give_up - time.time()
+            if left <= 0:
+                self.stats.client_timeouts += 1
+                await self._complete(
+                    gw,
+                    sid,
+                    "timeout",
+                    f"no terminal record {self.deadline_grace:.0f}s after the deadline: the agent did not report",
+                )
+                return
+            wait = functools.partial(gw.wait, sid, timeout=max(0.1, min(left, 60.0)))
+            info = await self._gateway("wait for the rollout", wait)
+            if info.status in TERMINAL_STATUSES:
+                return
+
+    async def _complete(self, gw: _ControlPlane, sid: str, status: str, error: str) -> None:
+        """Record a failure the client saw; a 409 means the agent's record arrived first."""
+        try:
+            await self._gateway(
+                f"record the rollout as {status}",
+                lambda: gw.complete(sid, reward=self.failure_reward, status=status, error=error),
+            )
+        except GatewayUnavailable:
+            raise
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 409:
+                log.warning("rollout %s: could not record %s: %s", sid, status, exc)
+
+    async def _fetch(self, gw: _ControlPlane, sid: str) -> Rollout:
+        """The rollout from the gateway; a local ``failed`` one when it cannot be read or is not
+        terminal (never a running rollout handed to the trainer as if it were done)."""
+        try:
+            rollout: Rollout = await self._gateway("fetch the rollout", lambda: gw.rollout(sid))
+        except GatewayUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("rollout %s: could not fetch it (%s); kept as failed", sid, exc)
+            return Rollout(
+                rollout_id=sid,
+                status="failed",
+                reward=self.failure_reward,
+                error=f"the rollout could not be fetched from the gateway: {exc}",
+            )
+        if not rollout.terminal:
+            log.warning(
+                "rollout %s: the gateway holds no terminal record (status %s); kept as failed",
+                sid,
+                rollout.status,
+            )
+            rollout.error = f"no terminal record on the gateway (status was {rollout.status!r})"
+            rollout.status = "failed"
+            rollout.reward = self.failure_reward
+        return rollout
+
+    async def _gateway(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A control-plane call, retried with backoff while the gateway is unreachable (transport
+        errors, 5xx, 429) for up to ``gateway_timeout`` seconds; then :class:`GatewayUnavailable`.
+        Other errors are raised at once, with what was being done."""
+        delay = self.retry_backoff
+        first_failure: float | None = None
+        while True:
+            try:
+                return await fn()
+            except Exception as exc:
+                if not _transient(exc):
+                    raise _GatewayError(
+                        getattr(exc, "status_code", 0) or 0,
+                        f"could not {what} on the gateway {self.gateway_url}: {exc}",
+                    ) from exc
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                down = now - first_failure
+                if down + delay > self.gateway_timeout:
+                    raise GatewayUnavailable(
+                        f"aborting the run: the gateway {self.gateway_url} has been unreachable "
+                        f"for {down:.0f}s (gateway_timeout={self.gateway_timeout:g}s) while trying "
+                        f"to {what}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                self.stats.gateway_retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+class _ControlPlane:
+    """The four control-plane routes a run needs, over one aiohttp pool sized for ``concurrency``
+    long-polls (httpx's pool scans every queued request per assignment, quadratic at 1,000
+    rollouts in flight). Answers are the models of :mod:`rollwire.trainer.gateway_client`."""
+
+    def __init__(self, url: str, admin_key: str, concurrency: int) -> None:
+        self.url = url
+        self._headers = {"authorization": f"Bearer {admin_key}"}
+        self._limit = 2 * concurrency + 16
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self._limit),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            )
+        return self._session
+
+    async def _req(self, method: str, path: str, timeout: float = 60.0, **kw: Any) -> bytes:
+        async with self._http().request(
+            method, self.url + path, timeout=aiohttp.ClientTimeout(total=timeout), **kw
+        ) as resp:
+            body = await resp.read()
+            if resp.status >= 400:
+                text = body.decode("utf-8", "replace")[:500]
+                raise _GatewayError(resp.status, f"HTTP {resp.status}: {text}")
+            return body
+
+    async def create_session(self, **fields: Any) -> SessionHandle:
+        body = {k: v for k, v in fields.items() if v is not None}
+        return SessionHandle.model_validate_json(
+            await self._req("POST", "/api/sessions", json=body)
+        )
+
+    async def session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.model_validate_json(
+            await self._req("GET", f"/api/sessions/{session_id}")
+        )
+
+    async def wait(self, session_id: str, timeout: float = 30.0) -> SessionInfo:
+        raw = await self._req(
+            "GET",
+            f"/api/sessions/{session_id}/wait",
+            timeout=timeout + 30.0,
+            params={"timeout": str(timeout)},
+        )
+        return SessionInfo.model_validate_json(raw)
+
+    async def rollout(self, session_id: str) -> Rollout:
+        return Rollout.from_json(await self._req("GET", f"/api/sessions/{session_id}/rollout"))
+
+    async def complete(self, session_id: str, **fields: Any) -> None:
+        body = {k: v for k, v in fields.items() if v is not None}
+        await self._req("POST", f"/api/sessions/{session_id}/complete", json=body)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class _GatewayError(RuntimeError):
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def _takes_argument(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` accepts one positional argument."""
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read: assume the current protocol
+        return True
+    return True
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError)):
+        return True
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        response = getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+    return isinstance(status, int) and (status >= 500 or status == 429)

@@ -1,0 +1,338 @@
+"""Trainer-side clients for the gateway's control plane (docs/control-api.md), sync and async."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollwire.data.protocol import ModelCall, Rollout, Row
+
+__all__ = [
+    "AsyncGatewayClient",
+    "GatewayAPIError",
+    "GatewayClient",
+    "SessionHandle",
+    "SessionInfo",
+]
+
+
+class SessionHandle(BaseModel):
+    """What creating a session returns: the id, the agent's token and URLs."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    session_id: str
+    token: str
+    base_url: str
+    complete_url: str
+    expires_at: float | None = None
+
+
+class SessionInfo(BaseModel):
+    """A session's status, outcome and counters."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    session_id: str
+    group_id: str | None = None
+    task_id: str | None = None
+    status: str = "running"
+    reward: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    capture: str = "passthrough"
+    created_at: float | None = None
+    completed_at: float | None = None
+    num_calls: int = 0
+    num_tokens: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        """True once the session has a final status."""
+        return self.status in ("completed", "failed", "timeout", "cancelled")
+
+
+class GatewayAPIError(Exception):
+    """The gateway refused a request; ``status_code``, ``code`` and ``message`` say why."""
+
+    def __init__(self, status_code: int, message: str, code: str | None = None) -> None:
+        super().__init__(f"{status_code} {code or ''}: {message}".replace("  ", " "))
+        self.status_code = status_code
+        self.message = message
+        self.code = code
+
+
+def _check(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        message, code = resp.text, None
+        try:
+            err = orjson.loads(resp.content)["error"]
+            message, code = err.get("message", message), err.get("code")
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+        raise GatewayAPIError(resp.status_code, message, code)
+    if resp.status_code == 204 or not resp.content:
+        return None
+    return orjson.loads(resp.content)
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class _Base:
+    def __init__(self, url: str, admin_key: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.admin_key = admin_key
+
+    def _headers(self, token: str | None = None) -> dict[str, str]:
+        key = token or self.admin_key
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+
+class GatewayClient(_Base):
+    """Synchronous control-plane client: one method per ``/api`` route."""
+
+    def __init__(self, url: str, admin_key: str | None = None, timeout: float = 60.0) -> None:
+        super().__init__(url, admin_key)
+        self._http = httpx.Client(base_url=self.url, headers=self._headers(), timeout=timeout)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _req(self, method: str, path: str, **kw: Any) -> Any:
+        return _check(self._http.request(method, path, **kw))
+
+    def create_session(self, **fields: Any) -> SessionHandle:
+        """``POST /api/sessions``."""
+        return SessionHandle.model_validate(
+            self._req("POST", "/api/sessions", json=_drop_none(fields))
+        )
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        """``GET /api/sessions/{id}``."""
+        return SessionInfo.model_validate(self._req("GET", f"/api/sessions/{session_id}"))
+
+    def list_sessions(
+        self, group_id: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """``GET /api/sessions``."""
+        params = _drop_none({"group_id": group_id, "status": status, "limit": limit})
+        data = self._req("GET", "/api/sessions", params=params)
+        return [SessionInfo.model_validate(s) for s in data["sessions"]]
+
+    def calls(self, session_id: str) -> list[ModelCall]:
+        """``GET /api/sessions/{id}/calls``."""
+        data = self._req("GET", f"/api/sessions/{session_id}/calls")
+        return [ModelCall.model_validate(c) for c in data["calls"]]
+
+    def rollout(self, session_id: str) -> Rollout:
+        """``GET /api/sessions/{id}/rollout``."""
+        resp = self._http.get(f"/api/sessions/{session_id}/rollout")
+        _check(resp)
+        return Rollout.from_json(resp.content)
+
+    def trajectory(self, session_id: str, mode: str = "merge") -> list[Row]:
+        """``GET /api/sessions/{id}/trajectory``."""
+        data = self._req("GET", f"/api/sessions/{session_id}/trajectory", params={"mode": mode})
+        return [Row.model_validate(r) for r in data["rows"]]
+
+    def complete(
+        self,
+        session_id: str,
+        reward: float | None = None,
+        metrics: dict[str, float] | None = None,
+        status: str = "completed",
+        error: str | None = None,
+        token: str | None = None,
+    ) -> SessionInfo:
+        """``POST /api/sessions/{id}/complete`` (with the admin key, or the session's token)."""
+        body = _drop_none({"reward": reward, "metrics": metrics, "status": status, "error": error})
+        data = self._req(
+            "POST",
+            f"/api/sessions/{session_id}/complete",
+            json=body,
+            headers=self._headers(token) if token else None,
+        )
+        return SessionInfo.model_validate(data)
+
+    def wait(self, session_id: str, timeout: float = 30.0) -> SessionInfo:
+        """``GET /api/sessions/{id}/wait``: the session once terminal, or as it is at timeout."""
+        data = self._req(
+            "GET",
+            f"/api/sessions/{session_id}/wait",
+            params={"timeout": timeout},
+            timeout=timeout + 30.0,
+        )
+        return SessionInfo.model_validate(data)
+
+    def delete_session(self, session_id: str) -> None:
+        """``DELETE /api/sessions/{id}``."""
+        self._req("DELETE", f"/api/sessions/{session_id}")
+
+    def backends(self) -> list[dict[str, Any]]:
+        """``GET /api/backends``."""
+        return list(self._req("GET", "/api/backends")["backends"])
+
+    def add_backend(
+        self, url: str, kind: str = "vllm", name: str | None = None, model: str | None = None
+    ) -> list[dict[str, Any]]:
+        """``POST /api/backends``. ``model`` pins the served model name every forwarded request
+        uses; unpinned, it is read from the backend's ``GET /v1/models`` at each health check."""
+        body = _drop_none({"url": url, "kind": kind, "name": name, "model": model})
+        return list(self._req("POST", "/api/backends", json=body)["backends"])
+
+    def remove_backend(self, name: str) -> None:
+        """``DELETE /api/backends/{name}``."""
+        self._req("DELETE", f"/api/backends/{name}")
+
+    def set_policy_version(self, version: str) -> str:
+        """``POST /api/policy_version``."""
+        return str(self._req("POST", "/api/policy_version", json={"version": version})["version"])
+
+    def pause(self, wait: bool = False) -> dict[str, Any]:
+        """``POST /api/pause`` (``wait=True``: return once in-flight calls drained)."""
+        params = {"wait": "true"} if wait else None
+        return dict(self._req("POST", "/api/pause", params=params, timeout=None))
+
+    def resume(self) -> dict[str, Any]:
+        """``POST /api/resume``."""
+        return dict(self._req("POST", "/api/resume"))
+
+    def pause_status(self) -> dict[str, Any]:
+        """``GET /api/pause``."""
+        return dict(self._req("GET", "/api/pause"))
+
+
+class AsyncGatewayClient(_Base):
+    """Asynchronous control-plane client: the same methods as :class:`GatewayClient`."""
+
+    def __init__(self, url: str, admin_key: str | None = None, timeout: float = 60.0) -> None:
+        super().__init__(url, admin_key)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=timeout)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncGatewayClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _req(self, method: str, path: str, **kw: Any) -> Any:
+        return _check(await self._http.request(method, path, **kw))
+
+    async def create_session(self, **fields: Any) -> SessionHandle:
+        """``POST /api/sessions``."""
+        data = await self._req("POST", "/api/sessions", json=_drop_none(fields))
+        return SessionHandle.model_validate(data)
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        """``GET /api/sessions/{id}``."""
+        return SessionInfo.model_validate(await self._req("GET", f"/api/sessions/{session_id}"))
+
+    async def list_sessions(
+        self, group_id: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """``GET /api/sessions``."""
+        params = _drop_none({"group_id": group_id, "status": status, "limit": limit})
+        data = await self._req("GET", "/api/sessions", params=params)
+        return [SessionInfo.model_validate(s) for s in data["sessions"]]
+
+    async def calls(self, session_id: str) -> list[ModelCall]:
+        """``GET /api/sessions/{id}/calls``."""
+        data = await self._req("GET", f"/api/sessions/{session_id}/calls")
+        return [ModelCall.model_validate(c) for c in data["calls"]]
+
+    async def rollout(self, session_id: str) -> Rollout:
+        """``GET /api/sessions/{id}/rollout``."""
+        resp = await self._http.get(f"/api/sessions/{session_id}/rollout")
+        _check(resp)
+        return Rollout.from_json(resp.content)
+
+    async def trajectory(self, session_id: str, mode: str = "merge") -> list[Row]:
+        """``GET /api/sessions/{id}/trajectory``."""
+        data = await self._req(
+            "GET", f"/api/sessions/{session_id}/trajectory", params={"mode": mode}
+        )
+        return [Row.model_validate(r) for r in data["rows"]]
+
+    async def complete(
+        self,
+        session_id: str,
+        reward: float | None = None,
+        metrics: dict[str, float] | None = None,
+        status: str = "completed",
+        error: str | None = None,
+        token: str | None = None,
+    ) -> SessionInfo:
+        """``POST /api/sessions/{id}/complete`` (with the admin key, or the session's token)."""
+        body = _drop_none({"reward": reward, "metrics": metrics, "status": status, "error": error})
+        data = await self._req(
+            "POST",
+            f"/api/sessions/{session_id}/complete",
+            json=body,
+            headers=self._headers(token) if token else None,
+        )
+        return SessionInfo.model_validate(data)
+
+    async def wait(self, session_id: str, timeout: float = 30.0) -> SessionInfo:
+        """``GET /api/sessions/{id}/wait``."""
+        data = await self._req(
+            "GET",
+            f"/api/sessions/{session_id}/wait",
+            params={"timeout": timeout},
+            timeout=timeout + 30.0,
+        )
+        return SessionInfo.model_validate(data)
+
+    async def delete_session(self, session_id: str) -> None:
+        """``DELETE /api/sessions/{id}``."""
+        await self._req("DELETE", f"/api/sessions/{session_id}")
+
+    async def backends(self) -> list[dict[str, Any]]:
+        """``GET /api/backends``."""
+        return list((await self._req("GET", "/api/backends"))["backends"])
+
+    async def add_backend(
+        self, url: str, kind: str = "vllm", name: str | None = None, model: str | None = None
+    ) -> list[dict[str, Any]]:
+        """``POST /api/backends`` (``model``: see :meth:`GatewayClient.add_backend`)."""
+        body = _drop_none({"url": url, "kind": kind, "name": name, "model": model})
+        return list((await self._req("POST", "/api/backends", json=body))["backends"])
+
+    async def remove_backend(self, name: str) -> None:
+        """``DELETE /api/backends/{name}``."""
+        await self._req("DELETE", f"/api/backends/{name}")
+
+    async def set_policy_version(self, version: str) -> str:
+        """``POST /api/policy_version``."""
+        data = await self._req("POST", "/api/policy_version", json={"version": version})
+        return str(data["version"])
+
+    async def pause(self, wait: bool = False) -> dict[str, Any]:
+        """``POST /api/pause``."""
+        params = {"wait": "true"} if wait else None
+        return dict(await self._req("POST", "/api/pause", params=params, timeout=None))
+
+    async def resume(self) -> dict[str, Any]:
+        """``POST /api/resume``."""
+        return dict(await self._req("POST", "/api/resume"))
+
+    async def pause_status(self) -> dict[str, Any]:
+        """``GET /api/pause``."""
+        return dict(await self._req("GET", "/api/pause"))
