@@ -33,7 +33,7 @@ def data(page):  # type: ignore[no-untyped-def]
 
 
 def _payload(data, rid):  # type: ignore[no-untyped-def]
-    index, _, payloads = data
+    _index, _, payloads = data
     by_id = {p["id"]: p for p in payloads}
     return by_id[rid]
 
@@ -60,9 +60,7 @@ def test_forks_carry_tokens_lost_and_advice(report, data) -> None:  # type: igno
     drift = {d["kind"]: d for d in index["drift"]}
     assert set(drift) == FORK_CLASSES
     for kind, d in drift.items():
-        (row,) = [
-            r for r in report.rows[f"g-forks-{kind}"] if r.fork is not None
-        ]  # one fork each
+        (row,) = [r for r in report.rows[f"g-forks-{kind}"] if r.fork is not None]  # one fork each
         assert d["count"] == 1 and d["rollouts"] == 1
         assert d["tokens_lost"] == row.fork.tokens_lost
         assert d["advice"]
@@ -202,7 +200,5 @@ def test_many_rollouts_are_chunked() -> None:
     page = render_html(build_report(rollouts, tokenizer=CHAR_TOKENIZER))
     index, _, payloads = read_report_data(page)
     assert page.count('id="rw-chunk-') == math.ceil(len(rollouts) / CHUNK) >= 3
-    assert [p["id"] for p in payloads] == [
-        r["id"] for g in index["groups"] for r in g["rollouts"]
-    ]
+    assert [p["id"] for p in payloads] == [r["id"] for g in index["groups"] for r in g["rollouts"]]
     assert len(batch) == 2

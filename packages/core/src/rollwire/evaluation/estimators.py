@@ -68,7 +68,10 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Estimat
     denom = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), confidence, "wilson")
+    # At p = 0 or 1 the bound on that side is exactly 0 or 1 (rounding would leave 1e-17).
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return Estimate(p, low, high, confidence, "wilson")
 
 
 def bootstrap_interval(

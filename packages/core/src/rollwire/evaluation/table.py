@@ -11,12 +11,15 @@ __all__ = ["result_table"]
 
 def result_table(result: EvalResult) -> Table:
     """One column per setting; rows: attempts, failures, mean reward, success rate, pass@k."""
-    pct = int(round(result.confidence * 100))
+    pct = round(result.confidence * 100)
     table = Table(title=f"rollwire eval ({pct} % intervals)")
     table.add_column("metric")
     for s in result.settings:
         table.add_column(s.setting.name, justify="right")
-    table.add_row("tasks × attempts", *(f"{s.tasks} × {s.attempts // max(1, s.tasks)}" for s in result.settings))
+    table.add_row(
+        "tasks × attempts",
+        *(f"{s.tasks} × {s.attempts // max(1, s.tasks)}" for s in result.settings),
+    )
     table.add_row("failed rollouts", *(str(s.failed) for s in result.settings))
     table.add_row("mean reward", *(str(s.mean_reward) for s in result.settings))
     table.add_row(

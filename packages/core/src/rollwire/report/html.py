@@ -156,7 +156,7 @@ def _json_script(data: Any) -> str:
 
 
 def _asset(name: str) -> str:
-    return resources.files("rollwire.report").joinpath("assets", name).read_text("utf-8")
+    return resources.files("rollwire.report").joinpath("assets").joinpath(name).read_text("utf-8")
 
 
 def render_html(report: Report) -> str:

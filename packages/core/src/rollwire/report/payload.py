@@ -45,7 +45,9 @@ def fork_diff(rows: Sequence[Row], index: int, vocab: Vocabulary) -> ForkDiff | 
         if pos > best_pos:
             best, best_pos = j, pos
     old = rows[best].input_ids
-    pos = row.fork.position if 0 <= row.fork.position <= min(old.shape[0], new.shape[0]) else best_pos
+    pos = (
+        row.fork.position if 0 <= row.fork.position <= min(old.shape[0], new.shape[0]) else best_pos
+    )
     start = max(0, pos - DIFF_BEFORE)
     return ForkDiff(
         from_row=best,

@@ -165,7 +165,9 @@ def summarize(
     advantages = group_advantages(groups, failure_reward=failure_reward)
     for group in groups:
         for r in group.rollouts:
-            _count_rollout(s, r, rows_by_rollout.get(r.rollout_id, ()), forks, lost, flags, versions)
+            _count_rollout(
+                s, r, rows_by_rollout.get(r.rollout_id, ()), forks, lost, flags, versions
+            )
             statuses[r.status] += 1
             if r.status != "completed":
                 errors[_error_kind(r.error)] += 1

@@ -16,6 +16,7 @@ in Python, so 10,000 rollouts stay quick.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
@@ -154,7 +155,7 @@ def _markup_roles(ids: np.ndarray, vocab: Vocabulary, codes: np.ndarray) -> None
     bounds = [*starts.tolist(), n]
     if bounds[0] > 0:
         codes[: bounds[0]] = ord("C")
-    for at, end in zip(bounds[:-1], bounds[1:]):
+    for at, end in itertools.pairwise(bounds):
         # The header runs from the start marker to the first newline (ChatML) or the next marker
         # (Llama 3's <|end_header_id|>), whichever comes first.
         after_nl = np.flatnonzero(newlines[at + 1 : end])

@@ -14,7 +14,7 @@ import numpy as np
 
 from rollwire.data.protocol import Group, ModelCall, Rollout
 
-__all__ = ["CharTokenizer", "chat_batch", "chat_rollout", "CHAR_TOKENIZER"]
+__all__ = ["CHAR_TOKENIZER", "CharTokenizer", "chat_batch", "chat_rollout"]
 
 LAYERS, TOP_K, EXPERTS = 2, 2, 8
 
