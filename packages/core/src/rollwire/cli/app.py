@@ -10,7 +10,9 @@ from rich.table import Table
 from rollwire import __version__
 from rollwire.cli import commands
 from rollwire.cli.engine import engine_app
+from rollwire.cli.eval import evaluate as eval_command
 from rollwire.cli.gateway import gateway_app
+from rollwire.cli.inspect import inspect as inspect_command
 from rollwire.gateway.doctor import doctor_command
 
 app = typer.Typer(
@@ -66,6 +68,8 @@ app.command("run")(commands.run)
 app.command("export")(commands.export)
 app.command("demo")(commands.demo)
 app.command("doctor")(doctor_command)
+app.command("inspect")(inspect_command)
+app.command("eval")(eval_command)
 
 
 def main() -> None:
