@@ -1,11 +1,14 @@
-"""A faithful minimal stand-in for ``slime.utils.types`` (slime is not installable here).
+"""A faithful minimal stand-in for the parts of slime a rollwire batch goes through.
 
-Written from the field list and behaviour of slime's ``Sample`` (slime v0.3.1 and the releases
-after it that add ``rollout_id`` and response-length validation): a dataclass with a nested
-``Status`` enum, ``to_dict`` (``__dict__`` copy, ``status`` as its value, the two info objects as
-dicts) and ``from_dict`` (dataclass fields to the constructor, other keys set as attributes), the
-response-length check slime runs as ``_validate_response_metadata_lengths``, and the compact-rollout
-check of ``validate_rollout_id_annotated``. Not slime's code: our own, to validate like it.
+slime is not on PyPI, so the tests cannot import it. Written from slime's behaviour (v0.3.1 and its
+main branch, observed by running rollwire exports through slime's own code): a ``Sample``
+dataclass with a nested ``Status`` enum, ``to_dict`` / ``from_dict``, ``get_reward_value``, the
+response-length check ``_validate_response_metadata_lengths``; the fan-out check of
+``validate_rollout_id_annotated``; the flattening of a rollout function's output; the
+dynamic-sampling reward-std filter and the partial-rollout abort loop (both read every element of a
+group as a ``Sample``); and the train-data conversion (one routing tensor per sample as soon as
+``data[0]`` has routing, the routing-replay check, and Megatron's loss-mask padding by
+``prompt_len - 1``). Not slime's code: our own, to validate like it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import numpy as np
 import pytest
 
 
@@ -111,6 +115,11 @@ class Sample:
         sample._validate_response_metadata_lengths()
         return sample
 
+    def get_reward_value(self, args: Any) -> Any:
+        """slime's reward read: ``reward`` or ``reward[args.reward_key]``."""
+        key = getattr(args, "reward_key", None)
+        return self.reward if not key else self.reward[key]  # type: ignore[index]
+
     def _validate_response_metadata_lengths(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != self.response_length:
             raise ValueError(
@@ -150,6 +159,67 @@ def flatten_like_slime(data: list[Any]) -> list[Sample]:
     return data
 
 
+def reward_nonzero_std(args: Any, group: list[Any]) -> bool:
+    """slime's ``check_reward_nonzero_std``: keep a group whose rewards are not all equal."""
+    rewards = np.asarray([sample.get_reward_value(args) for sample in group], dtype=np.float64)
+    return bool(rewards.std(ddof=1) > 1e-6) if rewards.shape[0] > 1 else False
+
+
+def collect_partial(groups: list[list[Any]], rollout_id: int) -> int:
+    """slime's partial-rollout abort loop over finished groups: marks and counts each sample."""
+    count = 0
+    for group in groups:
+        for sample in group:
+            if sample.response and "start_rollout_id" not in sample.metadata:
+                sample.metadata["start_rollout_id"] = rollout_id
+        count += len(group)
+    return count
+
+
+def train_data(samples: list[Sample], args: Any) -> dict[str, Any]:
+    """slime's train-data conversion of the flat sample list, as far as routing and masks go."""
+    out: dict[str, Any] = {"loss_masks": []}
+    for s in samples:
+        mask = [0] * s.response_length if s.remove_sample else list(s.loss_mask or [])
+        assert len(mask) == s.response_length
+        out["loss_masks"].append(mask)
+    if samples[0].rollout_log_probs is not None:
+        out["rollout_log_probs"] = [list(s.rollout_log_probs) for s in samples]  # type: ignore[arg-type]
+    if samples[0].rollout_routed_experts is not None:
+        # slime builds a tensor from every sample's routing once the first one has routing
+        routed = []
+        for s in samples:
+            if s.rollout_routed_experts is None:
+                raise TypeError("can't convert None to a routing tensor")
+            routed.append(np.asarray(s.rollout_routed_experts))
+        if getattr(args, "use_rollout_routing_replay", False):
+            validate_replay(routed, args)
+        out["rollout_routed_experts"] = routed
+    # Megatron's batch builder: mask aligned to the token stream with prompt_len - 1 left pad
+    for s, mask in zip(samples, out["loss_masks"]):
+        left = len(s.tokens) - s.response_length - 1
+        if left < 0:
+            raise RuntimeError(f"negative padding {left}: a sample needs a prompt token")
+        assert len([0] * left + mask + [0]) == len(s.tokens)
+    return out
+
+
+def validate_replay(routed: list[np.ndarray], args: Any) -> None:
+    """slime's routing-replay check: ``[*, layers, top_k]``, rows present, no all-zero MoE layer."""
+    layers, top_k = int(args.num_layers), int(args.moe_router_topk)
+    for i, experts in enumerate(routed):
+        if experts.ndim != 3 or tuple(experts.shape[1:]) != (layers, top_k):
+            raise ValueError(
+                f"sample {i}: routing shape {experts.shape}, want (*, {layers}, {top_k})"
+            )
+        if experts.shape[0] == 0:
+            raise ValueError(f"sample {i} has no routing rows")
+        if top_k > 1:
+            zero = [layer for layer in range(layers) if not np.count_nonzero(experts[:, layer, :])]
+            if zero:
+                raise ValueError(f"sample {i}: routing all zero for layers {zero}")
+
+
 @pytest.fixture
 def slime_types(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """Installs the stand-in as ``slime.utils.types`` for the test."""
@@ -158,6 +228,9 @@ def slime_types(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     # slime keeps these two elsewhere; reachable from the fixture's module for the tests
     mod.validate_rollout_id_annotated = validate_rollout_id_annotated  # type: ignore[attr-defined]
     mod.flatten_like_slime = flatten_like_slime  # type: ignore[attr-defined]
+    mod.reward_nonzero_std = reward_nonzero_std  # type: ignore[attr-defined]
+    mod.collect_partial = collect_partial  # type: ignore[attr-defined]
+    mod.train_data = train_data  # type: ignore[attr-defined]
     for name in ("slime", "slime.utils"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "slime.utils.types", mod)

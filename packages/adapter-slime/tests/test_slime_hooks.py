@@ -139,11 +139,22 @@ async def test_generate_forked_rollout_rows_share_rollout_id(
     assert adv == [0.0, 0.0]  # one rollout in its group: counted once, no spread
 
 
-async def test_generate_not_compact_returns_a_sample(
+@pytest.mark.parametrize(
+    "flag", [{"dynamic_sampling_filter_path": "x.y"}, {"partial_rollout": True}]
+)
+async def test_generate_refuses_paths_that_read_groups_as_samples(
+    router: EmbeddedEngine, slime_stub: None, flag: dict[str, Any]
+) -> None:
+    with pytest.raises(ValueError, match="rollwire_slime.generate_rollout"):
+        await generate(_args(router, agent, **flag), _sample(1, 0), {})
+
+
+async def test_generate_in_evaluation_ignores_the_filter(
     router: EmbeddedEngine, slime_stub: None
 ) -> None:
-    s = await generate(_args(router, agent, rollwire_compact="0"), _sample(1, 0), {})
-    assert not isinstance(s, list) and s.rollout_id == 1
+    args = _args(router, agent, dynamic_sampling_filter_path="x.y")
+    (s,) = await generate(args, _sample(1, 0), {}, evaluation=True)
+    assert s.rollout_id == 1
 
 
 def test_generate_rollout_whole_batch(router: EmbeddedEngine, slime_stub: None) -> None:
@@ -161,8 +172,7 @@ def test_generate_rollout_whole_batch(router: EmbeddedEngine, slime_stub: None) 
     samples = out.samples if hasattr(out, "samples") else out
     assert len(samples) == 2 and all(len(g) == 2 for g in samples)
     for g, group in enumerate(samples):
-        for k, rows in enumerate(group):
-            (s,) = rows
+        for k, s in enumerate(group):  # flat groups: Samples, not lists
             _check_row(s)
             assert (s.group_index, s.index, s.rollout_id) == (g, 2 * g + k, 2 * g + k)
             assert s.reward == 1.0

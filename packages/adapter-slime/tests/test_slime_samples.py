@@ -38,8 +38,7 @@ class TestSlimeConformance(TrainerAdapterConformance):
 def _one(rollout: Rollout) -> list[dict[str, Any]]:
     """The rows of a one-rollout batch."""
     (group,) = to_sample_dicts([rollout])
-    (rows,) = group
-    return rows
+    return group
 
 
 class _Tok:
@@ -84,7 +83,7 @@ def test_single_turn() -> None:
 
 
 def test_text_with_tokenizer() -> None:
-    (s,) = to_sample_dicts([single_turn_rollout()], tokenizer=_Tok())[0][0]
+    (s,) = to_sample_dicts([single_turn_rollout()], tokenizer=_Tok())[0]
     assert s["prompt"] == " ".join(f"t{i}" for i in range(100, 110))
     assert s["response"] == " ".join(f"t{i}" for i in range(500, 505))
 
@@ -128,7 +127,7 @@ def test_failed_rollout() -> None:
     assert s["reward"] == 0.0  # failure_reward stands in for the missing reward
     assert s["metadata"]["rollwire"]["error"] == "RuntimeError: tool crashed"
     assert s["metadata"]["rollwire"]["reward"] is None
-    (t,) = to_sample_dicts([failed_rollout("x")], failure_reward=-1.0)[0][0]
+    (t,) = to_sample_dicts([failed_rollout("x")], failure_reward=-1.0)[0]
     assert t["reward"] == -1.0
 
 
@@ -167,37 +166,75 @@ def test_weight_versions_one_per_call() -> None:
     assert s["weight_versions"] == ["3", "4", "5"]
 
 
-def test_rollout_without_calls_keeps_its_place() -> None:
+def test_rollout_without_calls_is_slimes_placeholder() -> None:
     rollout = Rollout(rollout_id="empty", group_id="g", status="failed", error="boom")
-    groups = to_sample_dicts([single_turn_rollout("a", "g"), rollout])
+    groups = to_sample_dicts([single_turn_rollout("a", "g"), rollout], pad_token_id=7)
     (group,) = groups
     assert len(group) == 2
-    (s,) = group[1]
-    assert s["remove_sample"] is True and s["tokens"] == [] and s["response_length"] == 0
-    assert s["status"] == "failed"
+    s = group[1]
+    _check_common(s)
+    # the placeholder slime's own agent examples build: two pads, one masked response token
+    assert s["tokens"] == [7, 7] and s["response_length"] == 1
+    assert s["loss_mask"] == [0] and s["rollout_log_probs"] == [0.0]
+    assert s["remove_sample"] is True and s["status"] == "failed"
+    assert s["rollout_routed_experts"] is None  # the batch has no routing
+    assert s["metadata"]["rollwire"]["placeholder"] is True
+    assert rollwire_slime.adapter.flatten(groups)[0].rollout_id == "a"  # placeholder left out
+
+
+def test_placeholder_in_a_routed_batch_has_distinct_dummy_experts() -> None:
+    empty = Rollout(rollout_id="empty", group_id="g1", status="failed", error="crashed")
+    (group,) = to_sample_dicts([empty, moe_rollout("m", "g1")])
+    s = group[0]
+    experts = np.asarray(s["rollout_routed_experts"])
+    assert experts.shape == (1, LAYERS, TOP_K)
+    for layer in range(LAYERS):
+        assert len(set(experts[0, layer].tolist())) == TOP_K  # slime's replay check passes
+    assert s["remove_sample"] is True and s["loss_mask"] == [0]
+
+
+def test_row_without_routing_in_a_routed_batch_gets_a_flagged_dummy() -> None:
+    plain = single_turn_rollout("plain", "g1")
+    (group,) = to_sample_dicts([plain, moe_rollout("m", "g1")])
+    s = group[0]
+    experts = np.asarray(s["rollout_routed_experts"])
+    assert experts.shape == (len(s["tokens"]) - 1, LAYERS, TOP_K)
+    assert s["metadata"]["rollwire"]["routing_missing"] is True
+    assert group[1]["metadata"]["rollwire"]["routing_missing"] is False
+    (row, _) = rollwire_slime.adapter.flatten([group])
+    assert row.routed_experts is None  # the stand-in is not reported as captured routing
+    # under routing replay (the hooks' setting) it trains nothing: it would replay wrong experts
+    (rows,) = [
+        rollout_sample_dicts(
+            plain,
+            group_index=0,
+            rollout_index=0,
+            index_start=0,
+            routing_shape=(LAYERS, TOP_K),
+            mask_missing_routing=True,
+        )
+    ]
+    assert rows[0]["remove_sample"] is True and not any(rows[0]["loss_mask"])
 
 
 def test_ids_are_unique_ints_over_the_batch() -> None:
     nested = to_sample_dicts(sample_batch())
-    flat = [s for g in nested for r in g for s in r]
+    flat = [s for g in nested for s in g]
     assert len({s["index"] for s in flat}) == len(flat)
     assert [s["group_index"] for s in flat] == [0, 0, 0, 0, 1, 1, 1]
     assert [s["rollout_id"] for s in flat] == [0, 1, 2, 2, 3, 4, 5]
-    # every innermost list is one rollout, all of whose rows share rollout_id
-    for g in nested:
-        for rows in g:
-            assert len({s["rollout_id"] for s in rows}) == 1
 
 
-def test_not_compact_is_group_by_rows() -> None:
-    nested = to_sample_dicts(sample_batch(), compact=False)
+def test_groups_are_flat_lists_of_samples() -> None:
+    # one nesting for every batch: slime's flattening, filters and abort path all read it
+    nested = to_sample_dicts(sample_batch())
     assert [len(g) for g in nested] == [4, 3]
     assert all(isinstance(s, dict) for g in nested for s in g)
 
 
 def test_group_task_gives_label() -> None:
     group = Group(group_id="g", task={"label": "yes"}, rollouts=[single_turn_rollout("a", "g")])
-    (s,) = to_sample_dicts([group])[0][0]
+    (s,) = to_sample_dicts([group])[0]
     assert s["label"] == "yes"
 
 
@@ -211,7 +248,7 @@ def test_export_one_sample_per_line(tmp_path: Path) -> None:
 
 def test_convert_is_dict_form_without_slime() -> None:
     converted = rollwire_slime.adapter.convert(sample_batch())
-    assert isinstance(converted[0][0][0], dict)
+    assert isinstance(converted[0][0], dict)
 
 
 def test_import_is_lazy_and_missing_slime_is_a_clear_error() -> None:
@@ -241,7 +278,7 @@ def test_to_samples_end_to_end(slime_types: Any) -> None:
     slime_types.validate_rollout_id_annotated(nested)
     flat = slime_types.flatten_like_slime(nested)
     assert all(isinstance(s, Sample) for s in flat)
-    assert len(flat) == sum(len(rows) for g in nested for rows in g)
+    assert len(flat) == sum(len(g) for g in nested)
     by_id = {s.metadata["rollwire"]["rollout_id"]: s for s in flat}
     moe = by_id["b0"]
     assert isinstance(moe.rollout_routed_experts, np.ndarray)
@@ -256,12 +293,12 @@ def test_to_samples_end_to_end(slime_types: Any) -> None:
 def test_failed_rollout_trains_nothing(slime_types: Any) -> None:
     Sample = slime_types.Sample
     (group,) = rollwire_slime.to_samples([failed_rollout("x")], failure_reward=-1.0)
-    ((s,),) = group
+    (s,) = group
     assert s.status is Sample.Status.FAILED
     assert s.response_length > 0 and s.loss_mask == [0] * s.response_length
     assert s.rollout_log_probs == [0.0] * s.response_length
     assert s.remove_sample is True and s.reward == -1.0
-    (row,) = rollwire_slime.adapter.flatten([[[s]]])
+    (row,) = rollwire_slime.adapter.flatten([[s]])
     assert not row.loss_mask.any()
 
 

@@ -11,13 +11,14 @@ PY="$VENV/bin/python"
 TORCH_VERSION="${ROLLWIRE_TORCH_VERSION:-2.13.0}"
 VERL_VERSION="0.9.1"
 
-# verl goes in with --no-deps: its metadata pulls wandb, tensorboard, peft, accelerate, torchdata,
-# ... that DataProto, the agent-loop module and core_algos do not import. What they do import on
-# CPU is listed here, within verl 0.9.1's own pins (tensordict <=0.10, transformers <5.11).
+# verl goes in with --no-deps: its metadata pulls wandb, tensorboard, accelerate, ... that
+# DataProto, the agent-loop module, core_algos and the PPO trainer's functions do not import. What
+# they do import on CPU is listed here, within verl 0.9.1's own pins (tensordict <=0.10,
+# transformers <5.11); torchdata and peft are what verl.trainer.ppo.ray_trainer needs on import.
 RUNTIME_DEPS=(
   "tensordict>=0.8,!=0.9.0,<=0.10.0" "transformers>=5.5.3,!=5.6.0,<5.11" "ray" "omegaconf"
   "hydra-core" "pillow" "codetiming" "datasets" "cachetools" "fastapi" "uvicorn" "numpy" "pandas"
-  "pyarrow" "dill"
+  "pyarrow" "dill" "torchdata" "peft"
 )
 TEST_DEPS=("pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
@@ -30,6 +31,8 @@ import torch  # noqa
 from verl import DataProto  # noqa
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register  # noqa
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa
+from verl.trainer.ppo.ray_trainer import compute_advantage, compute_response_mask  # noqa
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty, RayPPOTrainer  # noqa
 import pytest, pytest_asyncio, pytest_timeout, hypothesis  # noqa
 PY
 }
@@ -50,7 +53,7 @@ else
   log "pip install --no-deps verl==$VERL_VERSION"
   "$PY" -m pip install -q --no-deps "verl==$VERL_VERSION"
   log "pip install -c torch==$TORCH_VERSION ${RUNTIME_DEPS[*]} ${TEST_DEPS[*]}"
-  log "(pip then lists verl dependencies left out on purpose: wandb, tensorboard, peft, ...)"
+  log "(pip then lists verl dependencies left out on purpose: wandb, tensorboard, ...)"
   "$PY" -m pip install -q -c "$CONSTRAINTS" "${RUNTIME_DEPS[@]}" "${TEST_DEPS[@]}"
   if ! check_imports; then
     log "verl still does not import; the error:"

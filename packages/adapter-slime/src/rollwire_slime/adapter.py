@@ -37,7 +37,7 @@ class SlimeAdapter:
     def convert(self, batch: Batch, **options: Any) -> list[list[Any]]:
         """``Sample``s when slime is importable, else their ``to_dict()`` form; same nesting.
 
-        Options: ``tokenizer``, ``mode`` ("merge" | "per_call"), ``failure_reward``, ``compact``,
+        Options: ``tokenizer``, ``mode`` ("merge" | "per_call"), ``failure_reward``, ``pad_token_id``,
         and ``native`` (True forces ``Sample`` objects, False forces dicts).
         """
         native = options.pop("native", None)
@@ -50,7 +50,7 @@ class SlimeAdapter:
     def export(self, batch: Batch, path: str | Path, **options: Any) -> Path:
         """JSONL, one sample dict per line, in batch order (group, rollout, row).
 
-        Each line is ``Sample.from_dict``-ready; ``group_index`` and ``rollout_id`` rebuild the
+        Each line is ``Sample.from_dict``-ready; ``group_index`` rebuilds the ``[group][sample]``
         nesting. Always the dict form, so no slime is needed to write or read it.
         """
         options.pop("native", None)
@@ -66,9 +66,15 @@ class SlimeAdapter:
         return path
 
     def flatten(self, converted: Any) -> list[ExportedRow]:
-        """The rows of a converted batch (``Sample``s or dicts), in order."""
+        """The rows of a converted batch (``Sample``s or dicts), in order.
+
+        Placeholders (a rollout without a usable call: two pad tokens, nothing captured) are left
+        out, so the result has the rows :class:`rollwire.data.trajectory.TrajectoryBuilder` gives.
+        """
         out: list[ExportedRow] = []
         for sample in iter_sample_leaves(converted):
+            if ((_field(sample, "metadata") or {}).get("rollwire") or {}).get("placeholder"):
+                continue
             tokens = np.asarray(_field(sample, "tokens") or [], dtype=np.int64)
             n = int(_field(sample, "response_length") or 0)
             split = tokens.shape[0] - n
@@ -79,6 +85,8 @@ class SlimeAdapter:
             meta = (_field(sample, "metadata") or {}).get("rollwire") or {}
             reward = _field(sample, "reward")
             experts = _field(sample, "rollout_routed_experts")
+            if meta.get("routing_missing"):
+                experts = None  # a stand-in, not captured routing
             out.append(
                 ExportedRow(
                     rollout_id=str(meta.get("rollout_id", _field(sample, "rollout_id"))),

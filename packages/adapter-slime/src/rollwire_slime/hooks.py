@@ -21,11 +21,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollwire.data.protocol import CaptureMode, Rollout
-from rollwire.data.trajectory import BuildMode
-from rollwire_slime.samples import METADATA_KEY, import_sample_class, rollout_sample_dicts
+from rollwire.data.trajectory import BuildMode, TrajectoryBuilder
+from rollwire_slime.samples import (
+    METADATA_KEY,
+    RoutingShape,
+    batch_routing_shape,
+    import_sample_class,
+    rollout_sample_dicts,
+)
 
 __all__ = [
     "HookConfig",
+    "apply_dynamic_filter",
+    "args_routing_shape",
     "generate",
     "generate_rollout",
     "rollout_to_sample_dicts",
@@ -78,7 +86,6 @@ class HookConfig:
     deadline: float = 600.0
     failure_reward: float = 0.0
     concurrency: int = 256
-    compact: bool = True
     gateway_options: dict[str, Any] = field(default_factory=dict)
     router_url: str | None = None
     tokenizer_path: str | None = None
@@ -90,9 +97,6 @@ class HookConfig:
         options = _setting(args, "gateway_options", env, {})
         if isinstance(options, str):
             options = json.loads(options) if options.strip() else {}
-        compact = _setting(args, "compact", env, True)
-        if isinstance(compact, str):
-            compact = compact.strip().lower() not in ("0", "false", "no")
         ip = getattr(args, "sglang_router_ip", None)
         port = getattr(args, "sglang_router_port", None)
         capture = str(_setting(args, "capture", env, "tokens"))
@@ -111,7 +115,6 @@ class HookConfig:
             deadline=float(_setting(args, "deadline", env, 600.0)),
             failure_reward=float(_setting(args, "failure_reward", env, 0.0)),
             concurrency=int(_setting(args, "concurrency", env, 256)),
-            compact=bool(compact),
             gateway_options=dict(options),
             router_url=f"http://{ip}:{port}" if ip and port else None,
             tokenizer_path=getattr(args, "hf_checkpoint", None),
@@ -156,6 +159,22 @@ def slime_sampling(sampling_params: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def args_routing_shape(args: Any) -> RoutingShape | None:
+    """``(num_layers, moe_router_topk)`` when slime replays routing (``--use-rollout-routing-replay``).
+
+    The shape a placeholder's dummy routing needs when the hook cannot see the rest of the batch.
+    """
+    if not getattr(args, "use_rollout_routing_replay", False):
+        return None
+    layers, top_k = getattr(args, "num_layers", None), getattr(args, "moe_router_topk", None)
+    if not layers or not top_k:
+        raise ValueError(
+            "--use-rollout-routing-replay is set but args.num_layers / args.moe_router_topk are "
+            f"not ({layers!r}, {top_k!r}): rollwire needs them to shape placeholder routing"
+        )
+    return int(layers), int(top_k)
+
+
 def rollout_to_sample_dicts(
     rollout: Rollout,
     sample: Any,
@@ -163,19 +182,25 @@ def rollout_to_sample_dicts(
     mode: BuildMode = "merge",
     failure_reward: float = 0.0,
     native: bool = False,
+    routing_shape: RoutingShape | None = None,
+    rows: Any = None,
+    replay: bool = False,
 ) -> list[dict[str, Any]]:
     """The slime sample dicts for ``rollout``, which ran for the slime ``sample``.
 
     The rows keep the sample's ``group_index``, ``index``, ``prompt``, ``label`` and metadata
     (rollwire's ids added under ``metadata["rollwire"]``) and share ``rollout_id = index`` — the
-    contract of slime's compact rollouts. ``native``: routed experts as an int32 ndarray, for
+    contract of slime's fan-out rollouts. ``routing_shape``: ``(layers, top_k)`` when the batch
+    has routing (placeholders and rows without it get a dummy one; see
+    :mod:`rollwire_slime.samples`); with ``replay`` (slime replays routing) a row whose routing
+    is such a stand-in trains nothing. ``native``: routed experts as an int32 ndarray, for
     ``Sample.from_dict`` (nested lists otherwise).
     """
     index = _get(sample, "index")
     index = int(index) if index is not None else 0
     group_index = _get(sample, "group_index")
     meta = _get(sample, "metadata") or {}
-    rows = rollout_sample_dicts(
+    out = rollout_sample_dicts(
         rollout,
         group_index=int(group_index) if group_index is not None else 0,
         rollout_index=index,
@@ -185,8 +210,11 @@ def rollout_to_sample_dicts(
         failure_reward=failure_reward,
         metadata=dict(meta) if isinstance(meta, Mapping) else None,
         native=native,
+        routing_shape=routing_shape,
+        mask_missing_routing=replay,
+        rows=rows,
     )
-    for row in rows:
+    for row in out:
         row["prompt"] = _get(sample, "prompt", row["prompt"])
         row["label"] = _get(sample, "label", row["label"])
         for key in (
@@ -196,7 +224,7 @@ def rollout_to_sample_dicts(
             "train_metadata",
         ):
             row[key] = _get(sample, key, row[key])
-    return rows
+    return out
 
 
 # -- process state -----------------------------------------------------------------------------
@@ -310,29 +338,55 @@ def _client(cfg: HookConfig, group_size: int, sampling: Mapping[str, Any]) -> An
 # -- the hooks ---------------------------------------------------------------------------------
 
 
+def _refuse_group_reading_paths(args: Any) -> None:
+    """The generate hook returns a list per rollout; slime's filters and abort path cannot read it."""
+    used = [
+        flag
+        for flag, attr in (
+            ("--dynamic-sampling-filter-path", "dynamic_sampling_filter_path"),
+            ("--partial-rollout", "partial_rollout"),
+        )
+        if getattr(args, attr, None)
+    ]
+    if used:
+        raise ValueError(
+            f"rollwire_slime.generate cannot run with {' and '.join(used)}: slime's dynamic-sampling "
+            "filters and partial-rollout abort path call sample.get_reward_value() / read "
+            "sample.response on each element of a group, and this hook returns a list of Samples "
+            "per rollout (a forked rollout has several). Use --rollout-function-path "
+            "rollwire_slime.generate_rollout instead: its groups are flat lists of Samples and it "
+            "applies --dynamic-sampling-filter-path itself"
+        )
+
+
 async def generate(
     args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Any:
     """``--custom-generate-function-path rollwire_slime.generate``: one rollwire rollout per sample.
 
-    Returns the rollout's rows as ``list[Sample]`` sharing ``rollout_id`` (slime's compact form;
-    one element when nothing forked), or a bare ``Sample`` with ``rollwire_compact`` off and a
-    single row. The reward comes from the agent, so slime's reward model is not called.
+    Returns the rollout's rows as ``list[Sample]`` sharing ``rollout_id`` (slime's fan-out form;
+    one element when nothing forked, a placeholder when no call was usable), always a list so
+    slime's flattening sees one depth. The reward comes from the agent, so slime's reward model
+    is not called. Refuses ``--dynamic-sampling-filter-path`` and ``--partial-rollout`` (see
+    :func:`_refuse_group_reading_paths`) outside evaluation.
     """
+    if not evaluation:
+        _refuse_group_reading_paths(args)
     cfg = HookConfig.from_args(args)
     sample_cls = import_sample_class()
     client = _client(cfg, 1, slime_sampling(sampling_params))
     (group,) = await client.arun([slime_task(sample)])
     (rollout,) = group.rollouts
-    rows = [
-        sample_cls.from_dict(d)
-        for d in rollout_to_sample_dicts(
-            rollout, sample, mode=cfg.mode, failure_reward=cfg.failure_reward, native=True
-        )
-    ]
-    if not cfg.compact and len(rows) == 1:
-        return rows[0]
-    return rows
+    dicts = rollout_to_sample_dicts(
+        rollout,
+        sample,
+        mode=cfg.mode,
+        failure_reward=cfg.failure_reward,
+        native=True,
+        routing_shape=args_routing_shape(args),
+        replay=bool(getattr(args, "use_rollout_routing_replay", False)),
+    )
+    return [sample_cls.from_dict(d) for d in dicts]
 
 
 def _default_sampling(args: Any) -> dict[str, Any]:
@@ -350,9 +404,10 @@ def _default_sampling(args: Any) -> dict[str, Any]:
 
 async def collect_groups(
     args: Any, groups: list[list[Any]], cfg: HookConfig
-) -> tuple[list[list[Any]], dict[str, Any]]:
-    """Run slime's prompt groups through rollwire; the sample dicts ``[group][rollout][row]`` in
-    the order of ``groups``, and rollwire's run statistics as slime metrics."""
+) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
+    """Run slime's prompt groups through rollwire; the sample dicts ``[group][sample]`` (a forked
+    rollout's rows consecutive) in the order of ``groups``, and rollwire's run statistics as slime
+    metrics."""
     if not groups:
         return [], {}
     n = len(groups[0])
@@ -366,19 +421,33 @@ async def collect_groups(
         task = slime_task(group[0])
         task["slime_position"] = position
         tasks.append(task)
-    out: list[list[Any] | None] = [None] * len(groups)
+    done_groups: list[list[Rollout] | None] = [None] * len(groups)
     async for done in client.stream(tasks):
-        position = int((done.task or {})["slime_position"])
-        slime_group = groups[position]
-        out[position] = [
-            rollout_to_sample_dicts(
-                r, s, mode=cfg.mode, failure_reward=cfg.failure_reward, native=True
-            )
-            for r, s in zip(done.rollouts, slime_group)
-        ]
-    missing = [i for i, g in enumerate(out) if g is None]
+        done_groups[int((done.task or {})["slime_position"])] = list(done.rollouts)
+    missing = [i for i, g in enumerate(done_groups) if g is None]
     if missing:
         raise RuntimeError(f"rollwire returned no rollouts for slime groups {missing}")
+    builder = TrajectoryBuilder(cfg.mode)
+    built = [[builder.build(r) for r in g or []] for g in done_groups]
+    # the routing shape is the batch's: slime stacks one routing tensor per sample
+    shape = batch_routing_shape(row for g in built for rows in g for row in rows)
+    shape = shape or args_routing_shape(args)
+    out: list[list[dict[str, Any]]] = []
+    for slime_group, rollouts, group_rows in zip(groups, done_groups, built):
+        flat: list[dict[str, Any]] = []
+        for r, s, rows in zip(rollouts or [], slime_group, group_rows):
+            flat.extend(
+                rollout_to_sample_dicts(
+                    r,
+                    s,
+                    failure_reward=cfg.failure_reward,
+                    native=True,
+                    routing_shape=shape,
+                    rows=rows,
+                    replay=bool(getattr(args, "use_rollout_routing_replay", False)),
+                )
+            )
+        out.append(flat)
     stats = client.stats
     metrics = {
         "rollwire/rollouts": stats.rollouts,
@@ -387,7 +456,39 @@ async def collect_groups(
         "rollwire/infra_retries": stats.infra_retries,
         "rollwire/wall_s": stats.wall_s,
     }
-    return [g for g in out if g is not None], metrics
+    return out, metrics
+
+
+def apply_dynamic_filter(
+    args: Any, groups: list[list[Any]], metrics: dict[str, Any]
+) -> list[list[Any]]:
+    """slime's ``--dynamic-sampling-filter-path`` applied to each flat group of Samples.
+
+    A group the filter rejects is left out and counted under
+    ``rollout/dynamic_filter/drop_<reason>`` (slime's metric names). rollwire does not over-sample
+    to refill, so when every group would be rejected the batch is kept whole rather than empty.
+    """
+    path = getattr(args, "dynamic_sampling_filter_path", None)
+    if not path:
+        return groups
+    from slime.rollout.filter_hub.base_types import call_dynamic_filter
+    from slime.utils.misc import load_function
+
+    fn = load_function(path)
+    kept: list[list[Any]] = []
+    drops: dict[str, int] = {}
+    for group in groups:
+        verdict = call_dynamic_filter(fn, args, group)
+        if verdict.keep:
+            kept.append(group)
+        else:
+            reason = f"rollout/dynamic_filter/drop_{verdict.reason or 'filtered'}"
+            drops[reason] = drops.get(reason, 0) + 1
+    if not kept:
+        metrics["rollwire/dynamic_filter_kept_all"] = 1
+        return groups
+    metrics.update(drops)
+    return kept
 
 
 def _run(coro: Any) -> Any:
@@ -409,9 +510,11 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
 
     Takes ``args.rollout_batch_size`` prompt groups from ``data_source.get_samples``, runs each as
     a rollwire group of ``n_samples_per_prompt`` rollouts (``RolloutClient.stream``), and returns
-    them as slime's compact ``[group][rollout][row]`` Samples (a ``RolloutFnTrainOutput`` with
-    rollwire's counters as metrics when slime has that type). Evaluation is delegated to slime's
-    default rollout, which calls ``--custom-generate-function-path`` per sample.
+    them as ``[group][sample]`` Samples — flat groups, a forked rollout contributing several that
+    share ``rollout_id`` — filtered by ``--dynamic-sampling-filter-path`` when set (a
+    ``RolloutFnTrainOutput`` with rollwire's counters as metrics when slime has that type).
+    Evaluation is delegated to slime's default rollout, which calls
+    ``--custom-generate-function-path`` per sample.
     """
     if evaluation:
         from slime.rollout.sglang_rollout import generate_rollout as slime_generate_rollout
@@ -421,7 +524,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     sample_cls = import_sample_class()
     groups = data_source.get_samples(int(getattr(args, "rollout_batch_size", 1)))
     nested, metrics = _run(collect_groups(args, groups, cfg))
-    samples = [[[sample_cls.from_dict(d) for d in rows] for rows in g] for g in nested]
+    samples = [[sample_cls.from_dict(d) for d in g] for g in nested]
+    samples = apply_dynamic_filter(args, samples, metrics)
     try:
         from slime.rollout.base_types import RolloutFnTrainOutput
     except ImportError:

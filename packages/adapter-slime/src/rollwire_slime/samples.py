@@ -2,10 +2,25 @@
 
 :func:`to_sample_dicts` gives the dicts in ``Sample.to_dict()`` form (``status`` as its string
 value, ``spec_info`` / ``prefix_cache_info`` as dicts) that ``Sample.from_dict`` rebuilds;
-:func:`to_samples` builds the real objects when slime is importable. Shape: slime's *compact*
-``list[list[list[Sample]]]`` — task group × rollout × rows of that rollout — so a rollout that
-forked into several rows stays one rollout (its rows share ``rollout_id``) and every leaf has the
-same depth, which slime's flattening (``while isinstance(data[0], list)``) needs.
+:func:`to_samples` builds the real objects when slime is importable.
+
+Shape: ``list[list[Sample]]`` — one flat list of Samples per task group. A rollout that forked
+contributes several consecutive Samples sharing its ``rollout_id`` (so slime's loss reducer and
+:func:`rollwire_slime.normalize_rewards` count it once). This is the one nesting that slime's
+flattening (``while isinstance(data[0], list)``), its dynamic-sampling filters and its
+partial-rollout abort path (both call ``sample.get_reward_value()`` / read ``sample.response`` on
+every element of a group) all accept.
+
+A rollout with no usable model call is a **placeholder** Sample, built as slime's own agent
+examples build one: two pad tokens, ``response_length=1``, ``loss_mask=[0]``,
+``rollout_log_probs=[0.0]``, ``remove_sample=True``. slime keeps such samples (it only zeroes their
+loss mask), builds one routing tensor from *every* sample of a batch as soon as ``data[0]`` has
+routing, and pads each loss mask by ``prompt_len - 1`` in Megatron's batch builder, so the
+placeholder needs a prompt token, and — when the batch has routing — a ``[1, layers, top_k]``
+routing whose top-k experts are distinct (slime's replay check rejects a layer whose ids are all
+equal). A row without routing in a batch that has it gets the same dummy routing over all its
+positions and ``metadata["rollwire"]["routing_missing"]``; under routing replay (the hooks, with
+``--use-rollout-routing-replay``) it also trains nothing, since it would replay the wrong experts.
 """
 
 from __future__ import annotations
@@ -20,6 +35,9 @@ from rollwire.data.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
     "SAMPLE_FIELDS",
+    "RoutingShape",
+    "batch_routing_shape",
+    "dummy_routing",
     "rollout_sample_dicts",
     "sample_status",
     "to_sample_dicts",
@@ -114,6 +132,23 @@ def _weight_versions(row: Row, rollout: Rollout) -> list[str]:
 _TRAINABLE_STATUSES = frozenset({"completed", "truncated"})
 
 
+#: ``(layers, top_k)`` of a batch's routed experts, or None when the batch has no routing.
+RoutingShape = tuple[int, int]
+
+
+def dummy_routing(positions: int, shape: RoutingShape) -> np.ndarray:
+    """int32 ``[positions, layers, top_k]`` routing of experts ``0..top_k-1`` at every position.
+
+    It stands in where no routing was captured (placeholders, rows a backend returned without
+    it) so that slime can stack one tensor per sample; its top-k ids are distinct because slime's
+    replay check (``validate_rollout_routed_experts_for_replay``) rejects a layer whose top-k ids
+    are all zero. Samples carrying it never train (``remove_sample``).
+    """
+    layers, top_k = shape
+    row = np.arange(top_k, dtype=np.int32)
+    return np.ascontiguousarray(np.broadcast_to(row, (positions, layers, top_k)))
+
+
 def _routed_experts(row: Row) -> np.ndarray | None:
     """The row's routed experts as slime keeps them: int32 ``[len(tokens) - 1, layers, top_k]``."""
     experts = row.routed_experts
@@ -127,6 +162,36 @@ def _routed_experts(row: Row) -> np.ndarray | None:
             "the backend returned routing for a different sequence than the row's tokens"
         )
     return np.ascontiguousarray(experts, dtype=np.int32)
+
+
+def batch_routing_shape(rows: Iterable[Row]) -> RoutingShape | None:
+    """``(layers, top_k)`` of the first row with routing, or None when no row has any."""
+    for row in rows:
+        if row.routed_experts is not None and row.routed_experts.ndim == 3:
+            return int(row.routed_experts.shape[1]), int(row.routed_experts.shape[2])
+    return None
+
+
+def _rollwire_meta(
+    row: Row, rollout: Rollout, *, num_rows: int, group_id: str | None
+) -> dict[str, Any]:
+    return {
+        "rollout_id": rollout.rollout_id,
+        "group_id": group_id if group_id is not None else row.group_id,
+        "task_id": row.task_id,
+        "session_id": rollout.session_id,
+        "row_index": row.row_index,
+        "num_rows": num_rows,
+        "call_ids": list(row.call_ids),
+        "fork": row.fork.model_dump(mode="json") if row.fork is not None else None,
+        "finish_reason": row.finish_reason,
+        "rollout_status": rollout.status,
+        "reward": rollout.reward,
+        "error": rollout.error,
+        "metrics": dict(rollout.metrics),
+        "placeholder": False,
+        "routing_missing": False,
+    }
 
 
 def _row_sample(
@@ -143,32 +208,26 @@ def _row_sample(
     metadata: Mapping[str, Any] | None,
     group_id: str | None,
     native: bool = False,
+    routing_shape: RoutingShape | None = None,
+    mask_missing_routing: bool = False,
 ) -> dict[str, Any]:
     response_length = int(row.input_ids.shape[0] - row.prompt_len)
     status = sample_status(rollout, row)
-    trains = status in _TRAINABLE_STATUSES
-    # a failed or aborted rollout trains nothing: slime does not filter those statuses itself
+    routed = _routed_experts(row)
+    routing_missing = routed is None and routing_shape is not None
+    if routing_missing:
+        assert routing_shape is not None
+        routed = dummy_routing(row.input_ids.shape[0] - 1, routing_shape)
+    # a failed or aborted rollout trains nothing (slime does not filter those statuses itself),
+    # nor, under routing replay, a row whose routing is a stand-in (it would replay wrong experts)
+    trains = status in _TRAINABLE_STATUSES and not (routing_missing and mask_missing_routing)
     mask = row.loss_mask.astype(np.int64) if trains else np.zeros(response_length, np.int64)
     # the builder already zeroes masked logprobs; enforce it so a hand-made Row cannot leak them
     logprobs = np.where(mask == 1, row.logprobs, np.float32(0.0)).astype(np.float64)
-    routed = _routed_experts(row)
     routed_out: Any = routed if routed is None or native else routed.tolist()
     meta: dict[str, Any] = dict(metadata or {})
-    meta[METADATA_KEY] = {
-        "rollout_id": rollout.rollout_id,
-        "group_id": group_id if group_id is not None else row.group_id,
-        "task_id": row.task_id,
-        "session_id": rollout.session_id,
-        "row_index": row.row_index,
-        "num_rows": num_rows,
-        "call_ids": list(row.call_ids),
-        "fork": row.fork.model_dump(mode="json") if row.fork is not None else None,
-        "finish_reason": row.finish_reason,
-        "rollout_status": rollout.status,
-        "reward": rollout.reward,
-        "error": rollout.error,
-        "metrics": dict(rollout.metrics),
-    }
+    meta[METADATA_KEY] = _rollwire_meta(row, rollout, num_rows=num_rows, group_id=group_id)
+    meta[METADATA_KEY]["routing_missing"] = routing_missing
     tokens = row.input_ids.tolist()
     return {
         "group_index": group_index,
@@ -226,88 +285,73 @@ def rollout_sample_dicts(
     shared_index: bool = False,
     group_id: str | None = None,
     native: bool = False,
+    routing_shape: RoutingShape | None = None,
+    mask_missing_routing: bool = False,
+    pad_token_id: int = 0,
 ) -> list[dict[str, Any]]:
     """The sample dicts of one rollout, one per row (all rows share ``rollout_id=rollout_index``).
 
     ``index`` counts up from ``index_start`` (or stays ``index_start`` for every row when
-    ``shared_index``, as slime's own compact fan-out does for one data-source sample). A rollout
-    without a usable call yields one empty sample flagged ``remove_sample`` so its group keeps
-    ``n_samples_per_prompt`` entries. ``native``: routed experts as the int32 ndarray a real
-    ``Sample`` holds (for ``Sample.from_dict``) instead of JSON-ready nested lists.
+    ``shared_index``, as slime's own fan-out does for one data-source sample). A rollout without
+    a usable call yields one placeholder (see the module docstring) so its group keeps
+    ``n_samples_per_prompt`` entries. ``routing_shape``: ``(layers, top_k)`` when the batch has
+    routing — rows without it, and the placeholder, then get :func:`dummy_routing` (and such rows
+    train nothing with ``mask_missing_routing``, which the hooks set under routing replay).
+    ``native``: routed experts as the int32 ndarray a real ``Sample`` holds (for
+    ``Sample.from_dict``) instead of JSON-ready nested lists.
     """
     if rows is None:
         rows = TrajectoryBuilder(mode, tokenizer).build(rollout)
     task = task if task is not None else rollout.task
+    common: dict[str, Any] = {
+        "group_index": group_index,
+        "rollout_index": rollout_index,
+        "task": task,
+        "failure_reward": failure_reward,
+        "metadata": metadata,
+        "group_id": group_id,
+        "native": native,
+        "routing_shape": routing_shape,
+        "mask_missing_routing": mask_missing_routing,
+    }
     out = [
         _row_sample(
             row,
             rollout,
             num_rows=len(rows),
-            group_index=group_index,
             index=index_start if shared_index else index_start + i,
-            rollout_index=rollout_index,
-            task=task,
             tokenizer=tokenizer,
-            failure_reward=failure_reward,
-            metadata=metadata,
-            group_id=group_id,
-            native=native,
+            **common,
         )
         for i, row in enumerate(rows)
     ]
     if not out:
-        out.append(
-            _empty_sample(
-                rollout,
-                group_index=group_index,
-                index=index_start,
-                rollout_index=rollout_index,
-                task=task,
-                failure_reward=failure_reward,
-                metadata=metadata,
-                group_id=group_id,
-            )
-        )
+        out.append(_placeholder_sample(rollout, index=index_start, pad=pad_token_id, **common))
     return out
 
 
-def _empty_sample(
-    rollout: Rollout,
-    *,
-    group_index: int,
-    index: int,
-    rollout_index: int,
-    task: Mapping[str, Any] | None,
-    failure_reward: float,
-    metadata: Mapping[str, Any] | None,
-    group_id: str | None,
-) -> dict[str, Any]:
+def _placeholder_sample(rollout: Rollout, *, index: int, pad: int, **common: Any) -> dict[str, Any]:
+    """slime's placeholder for a rollout with no usable call (two pads, one masked response)."""
     empty = Row(
-        input_ids=np.zeros(0, np.int32),
-        prompt_len=0,
-        loss_mask=np.zeros(0, np.int8),
-        logprobs=np.zeros(0, np.float32),
-        turn_ids=np.zeros(0, np.int32),
+        input_ids=np.full(2, pad, np.int32),
+        prompt_len=1,
+        loss_mask=np.zeros(1, np.int8),
+        logprobs=np.zeros(1, np.float32),
+        turn_ids=np.full(1, -1, np.int32),
         rollout_id=rollout.rollout_id,
         group_id=rollout.group_id,
         task_id=rollout.task_id,
         status=rollout.status,
     )
-    d = _row_sample(
-        empty,
-        rollout,
-        num_rows=0,
-        group_index=group_index,
-        index=index,
-        rollout_index=rollout_index,
-        task=task,
-        tokenizer=None,
-        failure_reward=failure_reward,
-        metadata=metadata,
-        group_id=group_id,
-    )
+    d = _row_sample(empty, rollout, num_rows=0, index=index, tokenizer=None, **common)
     d["remove_sample"] = True
+    d["loss_mask"] = [0]
+    d["rollout_log_probs"] = [0.0]
     d["status"] = "failed" if rollout.status == "completed" else d["status"]
+    d["metadata"][METADATA_KEY]["placeholder"] = True
+    # a placeholder has no captured routing to be missing; the dummy one only keeps slime's
+    # batch tensors whole
+    d["metadata"][METADATA_KEY]["routing_missing"] = False
     return d
 
 
@@ -317,22 +361,22 @@ def to_sample_dicts(
     tokenizer: TokenizerLike | None = None,
     mode: BuildMode = "merge",
     failure_reward: float = 0.0,
-    compact: bool = True,
-) -> list[list[Any]]:
-    """The batch as slime sample dicts: ``[group][rollout][row]`` (``[group][row]`` if not compact).
+    pad_token_id: int = 0,
+) -> list[list[dict[str, Any]]]:
+    """The batch as slime sample dicts: ``[group][sample]``, a forked rollout's rows consecutive.
 
     ``group_index`` is the group's position in the batch, ``rollout_id`` the rollout's position
     (shared by its rows), ``index`` the row's position — all unique ints; rollwire's string ids
     are in ``metadata["rollwire"]``. A rollout without a reward (failed) gets ``failure_reward``.
     Plain JSON: ``rollout_routed_experts`` is a nested list here (an int32 ndarray in
-    :func:`to_samples`).
+    :func:`to_samples`). ``pad_token_id`` fills placeholders.
     """
     return _nested_sample_dicts(
         batch,
         tokenizer=tokenizer,
         mode=mode,
         failure_reward=failure_reward,
-        compact=compact,
+        pad_token_id=pad_token_id,
         native=False,
     )
 
@@ -343,34 +387,36 @@ def _nested_sample_dicts(
     tokenizer: TokenizerLike | None,
     mode: BuildMode,
     failure_reward: float,
-    compact: bool,
+    pad_token_id: int,
     native: bool,
-) -> list[list[Any]]:
+) -> list[list[dict[str, Any]]]:
     groups = group_rollouts(batch)
-    out: list[list[Any]] = []
+    builder = TrajectoryBuilder(mode, tokenizer)
+    built = [[builder.build(r) for r in g.rollouts] for g in groups]
+    shape = batch_routing_shape(row for g in built for rows in g for row in rows)
+    out: list[list[dict[str, Any]]] = []
     index = 0
     rollout_index = 0
-    for group_index, group in enumerate(groups):
-        per_group: list[Any] = []
-        for rollout in group.rollouts:
-            rows = rollout_sample_dicts(
+    for group_index, (group, group_rows) in enumerate(zip(groups, built)):
+        per_group: list[dict[str, Any]] = []
+        for rollout, rows in zip(group.rollouts, group_rows):
+            samples = rollout_sample_dicts(
                 rollout,
                 group_index=group_index,
                 rollout_index=rollout_index,
                 index_start=index,
                 task=rollout.task if rollout.task is not None else group.task,
                 tokenizer=tokenizer,
-                mode=mode,
                 failure_reward=failure_reward,
+                rows=rows,
                 group_id=group.group_id,
                 native=native,
+                routing_shape=shape,
+                pad_token_id=pad_token_id,
             )
-            index += len(rows)
+            index += len(samples)
             rollout_index += 1
-            if compact:
-                per_group.append(rows)
-            else:
-                per_group.extend(rows)
+            per_group.extend(samples)
         out.append(per_group)
     if rollout_index == 0:
         raise ValueError("empty batch: no rollouts to convert to slime samples")
@@ -392,7 +438,7 @@ def to_samples(
     tokenizer: TokenizerLike | None = None,
     mode: BuildMode = "merge",
     failure_reward: float = 0.0,
-    compact: bool = True,
+    pad_token_id: int = 0,
 ) -> list[list[Any]]:
     """Like :func:`to_sample_dicts`, each dict rebuilt by ``slime.utils.types.Sample.from_dict``.
 
@@ -405,16 +451,10 @@ def to_samples(
         tokenizer=tokenizer,
         mode=mode,
         failure_reward=failure_reward,
-        compact=compact,
+        pad_token_id=pad_token_id,
         native=True,
     )
-    return [_map_leaves(item, sample_cls.from_dict) for item in nested]
-
-
-def _map_leaves(node: Any, fn: Any) -> Any:
-    if isinstance(node, list):
-        return [_map_leaves(x, fn) for x in node]
-    return fn(node)
+    return [[sample_cls.from_dict(d) for d in group] for group in nested]
 
 
 def iter_sample_leaves(node: Any) -> Iterable[Any]:
