@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import rollwire_slime
-from rollwire.engine.server import EmbeddedEngine
 from rollwire.data.protocol import Group, Rollout
+from rollwire.engine.server import EmbeddedEngine
 from rollwire.testing import failed_rollout, forked_rollout, moe_rollout, single_turn_rollout
 from rollwire.testing.mixed_batch import KINDS, MixedAgent, script
 from rollwire.testing.samples import LAYERS, TOP_K

@@ -145,7 +145,7 @@ async def test_generate_forked_rollout_rows_share_rollout_id(
 async def test_generate_refuses_paths_that_read_groups_as_samples(
     router: EmbeddedEngine, slime_stub: None, flag: dict[str, Any]
 ) -> None:
-    with pytest.raises(ValueError, match="rollwire_slime.generate_rollout"):
+    with pytest.raises(ValueError, match=r"rollwire_slime\.generate_rollout"):
         await generate(_args(router, agent, **flag), _sample(1, 0), {})
 
 

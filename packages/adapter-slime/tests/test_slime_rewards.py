@@ -103,7 +103,7 @@ def test_reward_key_and_bad_rewards() -> None:
 
 
 def test_on_converted_batch_dicts() -> None:
-    flat = [s for g in to_sample_dicts(sample_batch()) for r in g for s in r]
+    flat = [s for g in to_sample_dicts(sample_batch()) for s in g]
     raw, adv = normalize_rewards(_args(), flat)
     assert len(raw) == len(adv) == 7
     # group 0: rollouts a0=1.0, a1=0.5, a2=-0.5 (a2 has two rows, counted once)
