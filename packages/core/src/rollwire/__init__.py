@@ -18,6 +18,8 @@ _EXPORTS: dict[str, str] = {
     "rollout_context": "rollwire.agent.context",
     "openai_client": "rollwire.agent.context",
     "async_openai_client": "rollwire.agent.context",
+    "anthropic_client": "rollwire.agent.context",
+    "async_anthropic_client": "rollwire.agent.context",
     "rollout_model": "rollwire.agent.context",
     "rollout_create_kwargs": "rollwire.agent.context",
     # trainer side
@@ -59,6 +61,8 @@ __all__ = [
     "RunnerError",
     "TrajectoryBuilder",
     "__version__",
+    "anthropic_client",
+    "async_anthropic_client",
     "async_openai_client",
     "build_rows",
     "group_advantages",
@@ -75,6 +79,8 @@ if TYPE_CHECKING:
     from rollwire.agent.app import RolloutApp
     from rollwire.agent.context import (
         RolloutContext,
+        anthropic_client,
+        async_anthropic_client,
         async_openai_client,
         openai_client,
         rollout_context,

@@ -1,8 +1,10 @@
 """The agent's view of a rollout: the ``_rollwire`` key of the payload (DESIGN §7), and model clients.
 
-The same agent code serves production and training: :func:`openai_client` returns a client wired
-to the rollout session when the payload carries ``_rollwire`` and the production client otherwise.
-Light on purpose (agent containers import it): ``openai`` is imported only when a client is built.
+The same agent code serves production and training: :func:`openai_client` (and
+:func:`anthropic_client` for Anthropic Messages agents) returns a client wired to the rollout
+session when the payload carries ``_rollwire`` and the production client otherwise. Light on
+purpose (agent containers import it): ``openai`` / ``anthropic`` are imported only when a client
+is built.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import anthropic
     import openai
 
 __all__ = [
     "PAYLOAD_KEY",
     "RolloutContext",
+    "anthropic_client",
+    "async_anthropic_client",
     "async_openai_client",
     "openai_client",
     "rollout_context",
@@ -257,3 +262,48 @@ def async_openai_client(payload: Any, **production_kwargs: Any) -> openai.AsyncO
     if ctx is None:
         return openai.AsyncOpenAI(**production_kwargs)
     return openai.AsyncOpenAI(**_session_kwargs(ctx, production_kwargs))
+
+
+def _anthropic_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    kwargs = {
+        k: v
+        for k, v in production_kwargs.items()
+        if k not in ("base_url", "api_key", "auth_token")
+    }
+    # The Anthropic SDK appends ``/v1/messages`` itself; the session token goes as ``x-api-key``.
+    base = ctx.base_url.rstrip("/")
+    kwargs["base_url"] = base[: -len("/v1")] if base.endswith("/v1") else base
+    kwargs["api_key"] = ctx.api_key
+    kwargs["max_retries"] = ROLLOUT_MAX_RETRIES
+    kwargs["timeout"] = session_timeout(ctx, kwargs.get("timeout"))
+    return kwargs
+
+
+def _import_anthropic() -> Any:
+    try:
+        import anthropic
+    except ImportError as exc:
+        raise ImportError(
+            "anthropic_client needs the Anthropic SDK: pip install anthropic"
+        ) from exc
+    return anthropic
+
+
+def anthropic_client(payload: Any, **production_kwargs: Any) -> anthropic.Anthropic:
+    """An ``anthropic.Anthropic`` client for this rollout session (Messages API through the
+    gateway), or ``anthropic.Anthropic(**production_kwargs)`` when the payload has no
+    ``_rollwire`` key."""
+    sdk = _import_anthropic()
+    ctx = rollout_context(payload)
+    if ctx is None:
+        return sdk.Anthropic(**production_kwargs)  # type: ignore[no-any-return]
+    return sdk.Anthropic(**_anthropic_kwargs(ctx, production_kwargs))  # type: ignore[no-any-return]
+
+
+def async_anthropic_client(payload: Any, **production_kwargs: Any) -> anthropic.AsyncAnthropic:
+    """The ``anthropic.AsyncAnthropic`` twin of :func:`anthropic_client`."""
+    sdk = _import_anthropic()
+    ctx = rollout_context(payload)
+    if ctx is None:
+        return sdk.AsyncAnthropic(**production_kwargs)  # type: ignore[no-any-return]
+    return sdk.AsyncAnthropic(**_anthropic_kwargs(ctx, production_kwargs))  # type: ignore[no-any-return]

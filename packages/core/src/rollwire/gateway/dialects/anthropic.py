@@ -250,9 +250,6 @@ def request_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     for key, why in _REFUSED.items():
         if body.get(key):
             raise DialectError(f"'{key}': {why}", param=key)
-    unknown = sorted(set(body) - _IGNORED - set(_REFUSED))
-    if unknown:
-        raise DialectError(f"unknown Messages parameters {unknown}", param=unknown[0])
     if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
         raise DialectError("'max_tokens' (an integer) is required", param="max_tokens")
     chat: dict[str, Any] = {
@@ -272,6 +269,8 @@ def request_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("temperature", "top_p", "top_k"):
         if body.get(key) is not None:
             chat[key] = body[key]
+    # Anything else (a backend's sampling extensions: min_p, ...) goes on as it came.
+    chat.update((k, v) for k, v in body.items() if k not in _IGNORED and k not in _REFUSED)
     thinking = body.get("thinking")
     if isinstance(thinking, Mapping) and thinking.get("type") in (
         "enabled",

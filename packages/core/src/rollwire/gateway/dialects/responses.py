@@ -57,6 +57,8 @@ _IGNORED = frozenset(
         "reasoning",
         "prompt_cache_key",
         "prompt_cache_retention",
+        "prompt_cache_options",
+        "context_management",
         "safety_identifier",
         "service_tier",
         "truncation",
@@ -255,9 +257,6 @@ def request_to_chat(
     for key, why in _REFUSED.items():
         if body.get(key) not in (None, False):
             raise DialectError(f"'{key}': {why}", param=key)
-    unknown = sorted(set(body) - _IGNORED - set(_REFUSED))
-    if unknown:
-        raise DialectError(f"unknown Responses parameters {unknown}", param=unknown[0])
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
@@ -287,6 +286,8 @@ def request_to_chat(
     for key in _SAME_KEYS:
         if body.get(key) is not None:
             chat[key] = body[key]
+    # Anything else (a backend's sampling extensions: top_k, min_p, ...) goes on as it came.
+    chat.update((k, v) for k, v in body.items() if k not in _IGNORED and k not in _REFUSED)
     if chat.get("top_logprobs"):
         chat["logprobs"] = True
     fmt = _text_format(body.get("text"))
