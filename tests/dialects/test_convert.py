@@ -127,7 +127,12 @@ def test_responses_items_fold_into_one_assistant_turn() -> None:
 
 def test_unknown_keys_go_on_to_the_backend() -> None:
     assert R.request_to_chat({"input": "x", "min_p": 0.1})["min_p"] == 0.1
-    assert A.request_to_chat({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "min_p": 0.1})["min_p"] == 0.1
+    assert (
+        A.request_to_chat(
+            {"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "min_p": 0.1}
+        )["min_p"]
+        == 0.1
+    )
 
 
 def test_responses_history_goes_after_the_new_instructions() -> None:

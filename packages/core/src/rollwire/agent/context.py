@@ -266,9 +266,7 @@ def async_openai_client(payload: Any, **production_kwargs: Any) -> openai.AsyncO
 
 def _anthropic_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     kwargs = {
-        k: v
-        for k, v in production_kwargs.items()
-        if k not in ("base_url", "api_key", "auth_token")
+        k: v for k, v in production_kwargs.items() if k not in ("base_url", "api_key", "auth_token")
     }
     # The Anthropic SDK appends ``/v1/messages`` itself; the session token goes as ``x-api-key``.
     base = ctx.base_url.rstrip("/")
