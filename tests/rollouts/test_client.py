@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollwire.trainer import client as client_module
 from rollwire.agent.app import RolloutApp
 from rollwire.agent.serving import ServerThread
 from rollwire.data.protocol import Group
 from rollwire.data.trajectory import build_rows
 from rollwire.envs.wordle import make_tasks
 from rollwire.envs.wordle.agent_openai import app as wordle_app
+from rollwire.trainer import control_plane
 from rollwire.trainer.client import GatewayUnavailable, RolloutClient, task_id_of
 from rollwire.trainer.runners import LocalRunner, RunnerError
 
@@ -327,9 +327,9 @@ async def test_a_failure_the_client_cannot_record_is_marked_failed_locally(
     stack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def refuse(self: Any, session_id: str, **fields: Any) -> None:
-        raise client_module._GatewayError(403, "HTTP 403: not allowed")
+        raise control_plane.GatewayError(403, "HTTP 403: not allowed")
 
-    monkeypatch.setattr(client_module._ControlPlane, "complete", refuse)
+    monkeypatch.setattr(control_plane.ControlPlane, "complete", refuse)
     client = RolloutClient(
         stack, runner=BlackHoleRunner(), group_size=1, deadline=0.3, deadline_grace=0.2
     )
@@ -342,16 +342,16 @@ async def test_a_failure_the_client_cannot_record_is_marked_failed_locally(
 async def test_recording_a_failure_is_retried_on_transient_errors(
     stack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = client_module._ControlPlane.complete
+    real = control_plane.ControlPlane.complete
     failures = {"left": 2}
 
     async def flaky(self: Any, session_id: str, **fields: Any) -> None:
         if failures["left"] > 0:
             failures["left"] -= 1
-            raise client_module._GatewayError(503, "HTTP 503: busy")
+            raise control_plane.GatewayError(503, "HTTP 503: busy")
         await real(self, session_id, **fields)
 
-    monkeypatch.setattr(client_module._ControlPlane, "complete", flaky)
+    monkeypatch.setattr(control_plane.ControlPlane, "complete", flaky)
     client = RolloutClient(
         stack,
         runner=BlackHoleRunner(),

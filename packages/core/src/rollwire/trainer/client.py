@@ -11,7 +11,6 @@ aborted only when the gateway stays unreachable for ``gateway_timeout`` seconds.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import time
@@ -20,12 +19,10 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
-from rollwire.agent.context import PAYLOAD_KEY
-from rollwire.data.protocol import TERMINAL_STATUSES, CaptureMode, Group, Rollout
-from rollwire.trainer.gateway_client import SessionHandle, SessionInfo
-from rollwire.trainer.runners.base import RateLimiter, Runner, RunnerError
+from rollwire.data.protocol import CaptureMode, Group, Rollout
+from rollwire.trainer.control_plane import ControlPlane, GatewayUnavailable
+from rollwire.trainer.rollout_driver import RolloutDriver
+from rollwire.trainer.runners.base import RateLimiter, Runner
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -42,17 +39,6 @@ def task_id_of(task: Mapping[str, Any], index: int) -> str:
         if value is not None and value != "":
             return str(value)
     return str(index)
-
-
-class GatewayUnavailable(RuntimeError):
-    """The gateway stayed unreachable longer than ``gateway_timeout``: the run was aborted.
-
-    ``groups`` holds the groups that were complete before the abort (in task order for ``run``).
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.groups: list[Group] = []
 
 
 @dataclass
@@ -74,7 +60,7 @@ class RunStats:
     statuses: dict[str, int] = field(default_factory=dict)
 
 
-class RolloutClient:
+class RolloutClient(RolloutDriver):
     """Runs tasks as GRPO groups of ``group_size`` rollouts through a gateway and a runner.
 
     ``gateway``: a URL (with ``admin_key``), ``"embedded"`` (an in-process gateway over
@@ -248,7 +234,7 @@ class RolloutClient:
         self.stats = RunStats()
         started = time.monotonic()
         runner, owned = self._get_runner()
-        gw = _ControlPlane(self.gateway_url, self.admin_key, self.concurrency)
+        gw = ControlPlane(self.gateway_url, self.admin_key, self.concurrency)
         sem = asyncio.Semaphore(self.concurrency)
         limiter = RateLimiter(self.rate_limit)
         progress, bar = self._progress(len(tasks) * self.group_size)
@@ -329,7 +315,7 @@ class RolloutClient:
 
     async def _group(
         self,
-        gw: _ControlPlane,
+        gw: ControlPlane,
         runner: Runner,
         sem: asyncio.Semaphore,
         limiter: RateLimiter,
@@ -347,107 +333,6 @@ class RolloutClient:
         )
         return Group(group_id=group_id, task_id=task_id, task=task, rollouts=list(rollouts))
 
-    async def _rollout(
-        self,
-        gw: _ControlPlane,
-        runner: Runner,
-        sem: asyncio.Semaphore,
-        limiter: RateLimiter,
-        task: dict[str, Any],
-        task_id: str,
-        group_id: str,
-        index: int,
-        tick: Callable[[Rollout], None],
-        sids: list[str],
-    ) -> Rollout:
-        async with sem:
-            await limiter.acquire()
-            # A session the gateway refuses to create (4xx) is a configuration error that every
-            # rollout would hit: it ends the run, like a gateway that stays unreachable.
-            handle = await self._gateway(
-                "create a session",
-                lambda: gw.create_session(
-                    group_id=group_id,
-                    task_id=task_id,
-                    metadata={"rollout_index": index},
-                    sampling=self.sampling,
-                    capture=self.capture,
-                    ttl=int(self.deadline + self.deadline_grace + 300),
-                    **self.session_options,
-                ),
-            )
-            sid = handle.session_id
-            sids.append(sid)
-            deadline_at = time.time() + self.deadline
-            payload = {k: v for k, v in task.items() if k != PAYLOAD_KEY}
-            payload[PAYLOAD_KEY] = {
-                "version": 1,
-                "session_id": sid,
-                "base_url": handle.base_url,
-                "api_key": handle.token,
-                "model": self.model,
-                "sampling": self.sampling,
-                "complete_url": handle.complete_url,
-                "deadline": deadline_at,
-                "group_id": group_id,
-                "task_id": task_id,
-            }
-            try:
-                problem = await self._deliver(gw, runner, payload, sid)
-                if problem is not None:
-                    self.stats.undeliverable += 1
-                    await self._complete(
-                        gw, sid, "failed", f"the runner could not reach the agent: {problem}"
-                    )
-                else:
-                    await self._wait(gw, sid, deadline_at)
-            except GatewayUnavailable:
-                raise
-            except Exception as exc:  # this rollout's problem, not the run's
-                self.stats.client_errors += 1
-                log.warning("rollout %s failed in the client: %s: %s", sid, type(exc).__name__, exc)
-                await self._complete(
-                    gw, sid, "failed", f"rollout client error: {type(exc).__name__}: {exc}"
-                )
-            await self._release(runner, sid)
-            rollout = await self._fetch(gw, sid)
-            if rollout.task is None:
-                rollout.task = task
-            if rollout.group_id is None:
-                rollout.group_id = group_id
-            if rollout.task_id is None:
-                rollout.task_id = task_id
-            tick(rollout)
-            return rollout
-
-    async def _deliver(
-        self, gw: _ControlPlane, runner: Runner, payload: dict[str, Any], sid: str
-    ) -> str | None:
-        """Invoke with retries of infrastructure errors; the last error text, or None on success.
-
-        Before a retry the session is looked up: an agent that took the earlier invocation after
-        all (the answer was lost: a read timeout, a load balancer's 502) has made calls or
-        reported, and is not invoked again — one session never runs on two agents.
-        """
-        delay = self.retry_backoff
-        for attempt in range(self.infra_retries + 1):
-            if attempt > 0:
-                info = await self._gateway("look up the session", lambda: gw.session(sid))
-                if info.terminal or info.num_calls > 0:
-                    log.info("rollout %s: the agent took the earlier invocation; not retrying", sid)
-                    return None
-            try:
-                await runner.invoke(payload, sid)
-                return None
-            except RunnerError as exc:
-                if not exc.retryable or attempt == self.infra_retries:
-                    return str(exc)
-                log.info("rollout %s: invocation failed (%s); retrying in %.1fs", sid, exc, delay)
-            self.stats.infra_retries += 1
-            await asyncio.sleep(delay)
-            delay *= 2
-        return "unreachable"
-
     async def _drain(self, runner: Runner, sids: list[str]) -> None:
         """End the run on a runner the client does not own: ``runner.drain(session_ids)`` for this
         run's sessions only (the runner may be shared with other runs). Best effort: a failing
@@ -463,169 +348,6 @@ class RolloutClient:
         except Exception as exc:
             log.warning("runner.drain failed after the run: %s: %s", type(exc).__name__, exc)
 
-    async def _release(self, runner: Runner, sid: str) -> None:
-        release = getattr(runner, "release", None)
-        if release is None:
-            return
-        try:
-            await release(sid)
-        except Exception as exc:  # freeing runner resources is best effort
-            log.warning("rollout %s: runner.release failed: %s: %s", sid, type(exc).__name__, exc)
-
-    async def _wait(self, gw: _ControlPlane, sid: str, deadline_at: float) -> None:
-        give_up = deadline_at + self.deadline_grace
-        while True:
-            left = give_up - time.time()
-            if left <= 0:
-                self.stats.client_timeouts += 1
-                await self._complete(
-                    gw,
-                    sid,
-                    "timeout",
-                    f"no terminal record {self.deadline_grace:.0f}s after the deadline: the agent did not report",
-                )
-                return
-            wait = functools.partial(gw.wait, sid, timeout=max(0.1, min(left, 60.0)))
-            info = await self._gateway("wait for the rollout", wait)
-            if info.status in TERMINAL_STATUSES:
-                return
-
-    async def _complete(self, gw: _ControlPlane, sid: str, status: str, error: str) -> None:
-        """Record a failure the client saw; a 409 means the agent's record arrived first."""
-        try:
-            await self._gateway(
-                f"record the rollout as {status}",
-                lambda: gw.complete(sid, reward=self.failure_reward, status=status, error=error),
-            )
-        except GatewayUnavailable:
-            raise
-        except Exception as exc:
-            if getattr(exc, "status_code", None) != 409:
-                log.warning("rollout %s: could not record %s: %s", sid, status, exc)
-
-    async def _fetch(self, gw: _ControlPlane, sid: str) -> Rollout:
-        """The rollout from the gateway; a local ``failed`` one when it cannot be read or is not
-        terminal (never a running rollout handed to the trainer as if it were done)."""
-        try:
-            rollout: Rollout = await self._gateway("fetch the rollout", lambda: gw.rollout(sid))
-        except GatewayUnavailable:
-            raise
-        except Exception as exc:
-            log.warning("rollout %s: could not fetch it (%s); kept as failed", sid, exc)
-            return Rollout(
-                rollout_id=sid,
-                status="failed",
-                reward=self.failure_reward,
-                error=f"the rollout could not be fetched from the gateway: {exc}",
-            )
-        if not rollout.terminal:
-            log.warning(
-                "rollout %s: the gateway holds no terminal record (status %s); kept as failed",
-                sid,
-                rollout.status,
-            )
-            rollout.error = f"no terminal record on the gateway (status was {rollout.status!r})"
-            rollout.status = "failed"
-            rollout.reward = self.failure_reward
-        return rollout
-
-    async def _gateway(self, what: str, fn: Callable[[], Any]) -> Any:
-        """A control-plane call, retried with backoff while the gateway is unreachable (transport
-        errors, 5xx, 429) for up to ``gateway_timeout`` seconds; then :class:`GatewayUnavailable`.
-        Other errors are raised at once, with what was being done."""
-        delay = self.retry_backoff
-        first_failure: float | None = None
-        while True:
-            try:
-                return await fn()
-            except Exception as exc:
-                if not _transient(exc):
-                    raise _GatewayError(
-                        getattr(exc, "status_code", 0) or 0,
-                        f"could not {what} on the gateway {self.gateway_url}: {exc}",
-                    ) from exc
-                now = time.monotonic()
-                first_failure = now if first_failure is None else first_failure
-                down = now - first_failure
-                if down + delay > self.gateway_timeout:
-                    raise GatewayUnavailable(
-                        f"aborting the run: the gateway {self.gateway_url} has been unreachable "
-                        f"for {down:.0f}s (gateway_timeout={self.gateway_timeout:g}s) while trying "
-                        f"to {what}: {type(exc).__name__}: {exc}"
-                    ) from exc
-                self.stats.gateway_retries += 1
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-
-class _ControlPlane:
-    """The four control-plane routes a run needs, over one aiohttp pool sized for ``concurrency``
-    long-polls (httpx's pool scans every queued request per assignment, quadratic at 1,000
-    rollouts in flight). Answers are the models of :mod:`rollwire.trainer.gateway_client`."""
-
-    def __init__(self, url: str, admin_key: str, concurrency: int) -> None:
-        self.url = url
-        self._headers = {"authorization": f"Bearer {admin_key}"}
-        self._limit = 2 * concurrency + 16
-        self._session: aiohttp.ClientSession | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self._limit),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-            )
-        return self._session
-
-    async def _req(self, method: str, path: str, timeout: float = 60.0, **kw: Any) -> bytes:
-        async with self._http().request(
-            method, self.url + path, timeout=aiohttp.ClientTimeout(total=timeout), **kw
-        ) as resp:
-            body = await resp.read()
-            if resp.status >= 400:
-                text = body.decode("utf-8", "replace")[:500]
-                raise _GatewayError(resp.status, f"HTTP {resp.status}: {text}")
-            return body
-
-    async def create_session(self, **fields: Any) -> SessionHandle:
-        body = {k: v for k, v in fields.items() if v is not None}
-        return SessionHandle.model_validate_json(
-            await self._req("POST", "/api/sessions", json=body)
-        )
-
-    async def session(self, session_id: str) -> SessionInfo:
-        return SessionInfo.model_validate_json(
-            await self._req("GET", f"/api/sessions/{session_id}")
-        )
-
-    async def wait(self, session_id: str, timeout: float = 30.0) -> SessionInfo:
-        raw = await self._req(
-            "GET",
-            f"/api/sessions/{session_id}/wait",
-            timeout=timeout + 30.0,
-            params={"timeout": str(timeout)},
-        )
-        return SessionInfo.model_validate_json(raw)
-
-    async def rollout(self, session_id: str) -> Rollout:
-        return Rollout.from_json(await self._req("GET", f"/api/sessions/{session_id}/rollout"))
-
-    async def complete(self, session_id: str, **fields: Any) -> None:
-        body = {k: v for k, v in fields.items() if v is not None}
-        await self._req("POST", f"/api/sessions/{session_id}/complete", json=body)
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-class _GatewayError(RuntimeError):
-    def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-
 
 def _takes_argument(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` accepts one positional argument."""
@@ -636,13 +358,3 @@ def _takes_argument(fn: Callable[..., Any]) -> bool:
     except ValueError:  # no signature to read: assume the current protocol
         return True
     return True
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError)):
-        return True
-    status = getattr(exc, "status_code", None)
-    if status is None:
-        response = getattr(exc, "response", None)
-        status = getattr(response, "status_code", None)
-    return isinstance(status, int) and (status >= 500 or status == 429)
