@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from rollwire.agent.context import rollout_create_kwargs
 from rollwire.agent import openai as openai_agent
+from rollwire.agent.context import rollout_create_kwargs
 from rollwire.testing.agent import (
     PRODUCTION_MODEL,
     AgentAdapterConformance,

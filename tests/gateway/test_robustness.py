@@ -157,7 +157,9 @@ def test_unexpected_error_is_500_and_a_failed_call(
     def broken(*args: Any) -> None:
         raise RuntimeError("capture exploded")
 
-    monkeypatch.setattr(gateway.gateway, "_fill", broken)
+    import rollwire.gateway.dispatch as dispatch
+
+    monkeypatch.setattr(dispatch, "fill_call", broken)
     r = _post(h.base_url + "/chat/completions")
     assert r.status_code == 500
     err = r.json()["error"]

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     import aiohttp
 
     from rollwire.data.protocol import ModelCall
-    from rollwire.gateway.app import Gateway
     from rollwire.gateway.backends import Backend
+    from rollwire.gateway.ports import GatewayPort
     from rollwire.store.base import SessionRecord
 
 __all__ = ["ChatContext"]
@@ -49,7 +49,7 @@ class ChatContext:
     - ``request_headers``: the incoming HTTP headers, names lower-cased.
     - ``mark_backend_failed()``: report a connection failure of ``backend`` (takes it out of
       routing until its health check passes again).
-    - ``gateway``: the :class:`~rollwire.gateway.app.Gateway` serving the call (None outside a
+    - ``gateway``: the gateway serving the call (a :class:`~rollwire.gateway.ports.GatewayPort`) (None outside a
       gateway, e.g. in unit tests): its ``config`` (``upstream_timeout``), backend ``pool`` (to
       fail over to another healthy backend) and the per-gateway caches a handler keeps.
     """
@@ -66,7 +66,7 @@ class ChatContext:
     request_headers: dict[str, str]
     mark_backend_failed: Callable[[], None] = field(default=lambda: None)
     started_at: float = 0.0
-    gateway: Gateway | None = None
+    gateway: GatewayPort | None = None
 
     def off_policy_blocked(self, flags: list[str]) -> bool:
         """True when ``flags`` make the call non-trainable (the session does not allow them)."""

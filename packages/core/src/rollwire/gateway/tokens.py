@@ -15,15 +15,11 @@ about themselves are kept per gateway (:class:`TokensRuntime`), healing state pe
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import numpy as np
 import orjson
 from starlette.responses import Response, StreamingResponse
@@ -49,167 +45,29 @@ from rollwire.gateway.tokens_backend import (
 )
 from rollwire.gateway.tokens_heal import FullRender, Healer, HealResult
 from rollwire.gateway.tokens_response import chat_completion, iterate, sse_chunks
+from rollwire.gateway.tokens_runtime import (
+    BackendInfo,
+    TokensRuntime,
+    check_session,
+    ctx_runtime,
+    kind_refusal,
+    runtime_of,
+    tokenizer_source,
+)
 
 if TYPE_CHECKING:
-    from rollwire.gateway.app import Gateway
     from rollwire.gateway.backends import Backend
     from rollwire.gateway.context import ChatContext
 
 __all__ = ["BackendInfo", "TokensRuntime", "check_session", "handle_chat", "runtime_of"]
 
 _STATE_KEY = "tokens.healer"
-_RUNTIME_KEY = "tokens_runtime"
 _DEFAULT_TIMEOUT = 600.0  # GatewayConfig.upstream_timeout's default, for a context without gateway
 # Completions longer than this are decoded, parsed and turned into the response in a worker thread
 # (about 0.2 ms per 1k tokens, ~3 ms per 1k with per-token logprob text; less stays inline, where
 # it is cheaper than the thread hop). Measured on the embedded engine's tokenizer.
 _INLINE_TOKENS = 4096
 _INLINE_TOKENS_WITH_LOGPROBS = 256
-
-
-@dataclass(frozen=True)
-class BackendInfo:
-    """What a backend says about itself: its tokenizer and MoE routing shape (when it tells)."""
-
-    tokenizer: str | None
-    experts_shape: tuple[int, int] | None
-
-
-async def _fetch_json(http: aiohttp.ClientSession, url: str) -> Any:
-    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-        async with http.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
-            if resp.status == 200:
-                return await resp.json(content_type=None)
-    return None
-
-
-class TokensRuntime:
-    """Tokens-mode state shared by one gateway's sessions: loaded renderers (one per tokenizer)
-    and what each backend says about itself. Owned by the gateway (see :func:`runtime_of`)."""
-
-    def __init__(self) -> None:
-        self._renderers: dict[str, ChatRenderer] = {}
-        self._lock = threading.Lock()
-        self._backend_info: dict[str, BackendInfo] = {}
-
-    def load_renderer(self, tokenizer: str) -> ChatRenderer:
-        """A :class:`ChatRenderer` for a tokenizer folder, loaded once (blocking; thread-safe)."""
-        with self._lock:
-            renderer = self._renderers.get(tokenizer)
-            if renderer is None:
-                renderer = ChatRenderer.from_dir(tokenizer)
-                self._renderers[tokenizer] = renderer
-            return renderer
-
-    async def renderer(self, tokenizer: str) -> ChatRenderer:
-        """:meth:`load_renderer` without blocking the event loop on a first load."""
-        cached = self._renderers.get(tokenizer)
-        if cached is not None:
-            return cached
-        return await asyncio.to_thread(self.load_renderer, tokenizer)
-
-    async def describe(self, http: aiohttp.ClientSession, url: str) -> BackendInfo:
-        """Ask the backend at ``url`` for its tokenizer and routing shape (cached once answered)."""
-        info = self._backend_info.get(url)
-        if info is not None:
-            return info
-        tokenizer = None
-        shape = None
-        model_info = await _fetch_json(http, url + "/get_model_info")
-        if isinstance(model_info, dict):
-            tokenizer = model_info.get("tokenizer_path") or model_info.get("model_path")
-            layers, top_k = model_info.get("num_layers"), model_info.get("top_k")
-            if isinstance(layers, int) and isinstance(top_k, int):
-                shape = (layers, top_k)
-        if tokenizer is None:
-            models = await _fetch_json(http, url + "/v1/models")
-            data = models.get("data") if isinstance(models, dict) else None
-            if data:
-                tokenizer = data[0].get("root") or data[0].get("id")
-        info = BackendInfo(tokenizer=str(tokenizer) if tokenizer else None, experts_shape=shape)
-        if tokenizer or shape:  # an unreachable backend is asked again next time
-            self._backend_info[url] = info
-        return info
-
-
-def runtime_of(gateway: Gateway | None) -> TokensRuntime:
-    """The gateway's :class:`TokensRuntime`, created on first use; a fresh one without gateway.
-
-    Kept in the gateway instance's own attributes, so it lives and dies with that gateway (no
-    process-wide state: two gateways in one process share nothing).
-    """
-    if gateway is None:
-        return TokensRuntime()
-    attrs = vars(gateway)
-    runtime = attrs.get(_RUNTIME_KEY)
-    if not isinstance(runtime, TokensRuntime):
-        runtime = attrs[_RUNTIME_KEY] = TokensRuntime()
-    return runtime
-
-
-def _ctx_runtime(ctx: ChatContext) -> TokensRuntime:
-    if ctx.gateway is not None:
-        return runtime_of(ctx.gateway)
-    # Outside a gateway (unit tests): per session, so a session's calls still share one renderer.
-    runtime = ctx.state.get(_RUNTIME_KEY)
-    if not isinstance(runtime, TokensRuntime):
-        runtime = ctx.state[_RUNTIME_KEY] = TokensRuntime()
-    return runtime
-
-
-def _kind_refusal(backend: Backend) -> str:
-    return (
-        f"capture='tokens' needs a token-in backend (vllm or sglang); backend "
-        f"{backend.name!r} at {backend.url} is kind {backend.kind!r}. Register the server with "
-        "kind='vllm' or 'sglang', or create the session with capture='passthrough'"
-    )
-
-
-async def check_session(
-    metadata: Mapping[str, Any] | None,
-    backend: Backend | None,
-    *,
-    gateway: Gateway | None = None,
-) -> None:
-    """Check, when a ``capture="tokens"`` session is created, that its calls can be served.
-
-    Resolves the tokenizer and chat template exactly as a request would (``metadata["tokenizer"]``,
-    ``$ROLLWIRE_TOKENIZER``, what ``backend`` advertises) and raises ``ValueError`` saying what to
-    do when none is found, it cannot be loaded, ``backend`` is not token-in, or no tool-call parser
-    matches the template. Pass ``gateway`` to reuse its HTTP client and renderer cache.
-    """
-    if backend is not None and backend.kind not in TOKEN_KINDS:
-        raise ValueError(_kind_refusal(backend))
-    runtime = runtime_of(gateway)
-    info = BackendInfo(None, None)
-    if backend is not None:
-        if gateway is not None:
-            info = await runtime.describe(gateway.http, backend.url)
-        else:
-            async with aiohttp.ClientSession() as http:
-                info = await runtime.describe(http, backend.url)
-    try:
-        source = _tokenizer_source(metadata, info, backend.url if backend else None)
-        renderer = await runtime.renderer(source)
-    except LookupError as exc:
-        raise ValueError(str(exc)) from exc
-    except MissingTokensExtra as exc:
-        raise ValueError(str(exc)) from exc
-    check_template_supported(renderer, tools=True)
-
-
-def _tokenizer_source(
-    metadata: Mapping[str, Any] | None, info: BackendInfo, backend_url: str | None
-) -> str:
-    meta = metadata or {}
-    for candidate in (meta.get("tokenizer"), os.environ.get("ROLLWIRE_TOKENIZER"), info.tokenizer):
-        if candidate:
-            return str(candidate)
-    where = f"backend {backend_url} does not name one" if backend_url else "no backend names one"
-    raise LookupError(
-        f"capture='tokens' needs the model's tokenizer and {where}: create the session with "
-        "metadata={'tokenizer': '/path/to/hf/folder'} or set ROLLWIRE_TOKENIZER"
-    )
 
 
 def _strip_stop(text: str, gen: Generation) -> str:
@@ -365,7 +223,7 @@ async def _generate(
         raise first
     other_info = await runtime.describe(ctx.http, other.url)
     try:
-        same_tokenizer = _tokenizer_source(ctx.session.metadata, other_info, other.url) == source
+        same_tokenizer = tokenizer_source(ctx.session.metadata, other_info, other.url) == source
     except LookupError:
         same_tokenizer = False
     if not same_tokenizer:  # its ids would stand for other tokens: fail rather than mis-sample
@@ -382,47 +240,75 @@ async def _generate(
         other.in_flight -= 1
 
 
-async def handle_chat(ctx: ChatContext) -> Response:
-    """Serve one chat-completions request of a ``capture="tokens"`` session (see module docs)."""
-    started = ctx.started_at or time.time()
-    t0 = time.perf_counter()
+class _Refused(Exception):
+    """A request refused before generation: the 4xx to answer with (nothing is recorded)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.response = error_response(status, message)
+
+
+@dataclass
+class _Plan:
+    """What a validated request generates with: renderer, parser, healed prompt, sampling."""
+
+    runtime: TokensRuntime
+    info: BackendInfo
+    source: str
+    renderer: ChatRenderer
+    parser: ToolParser | None
+    tools: Any
+    parse_tools: Any
+    kwargs: dict[str, Any]
+    healer: Healer
+    heal: HealResult
+    effective: dict[str, Any]
+    flags: list[str]
+
+
+def _check_request(ctx: ChatContext) -> list[dict[str, Any]]:
+    """The request's messages, after the checks that need no backend (raises :class:`_Refused`)."""
     body = ctx.body
-    request = dict(body)
     if ctx.backend.kind not in TOKEN_KINDS:
-        return error_response(400, _kind_refusal(ctx.backend))
+        raise _Refused(400, kind_refusal(ctx.backend))
     messages = body.get("messages")
     if (
         not isinstance(messages, list)
         or not messages
         or not all(isinstance(m, dict) for m in messages)
     ):
-        return error_response(400, "'messages' must be a non-empty list of message objects")
+        raise _Refused(400, "'messages' must be a non-empty list of message objects")
     n = body.get("n")
     if isinstance(n, int) and n > 1:
-        return error_response(
+        raise _Refused(
             400, f"capture='tokens' serves one choice per request; got n={n}. Send n requests"
         )
+    return messages
+
+
+async def _plan(ctx: ChatContext, messages: list[dict[str, Any]]) -> _Plan:
+    """Sampling, tokenizer, parser and the healed prompt for this request (or :class:`_Refused`)."""
+    body = ctx.body
     try:
         effective, flags = ctx.apply_sampling(body)
     except ValueError as exc:
-        return error_response(400, str(exc))
+        raise _Refused(400, str(exc)) from exc
     constraints = _constraints(body)
     if constraints:
-        return error_response(400, _constraint_refusal(constraints))
-    runtime = _ctx_runtime(ctx)
+        raise _Refused(400, _constraint_refusal(constraints))
+    runtime = ctx_runtime(ctx)
     try:
         info = await runtime.describe(ctx.http, ctx.backend.url)
-        source = _tokenizer_source(ctx.session.metadata, info, ctx.backend.url)
+        source = tokenizer_source(ctx.session.metadata, info, ctx.backend.url)
         renderer = await runtime.renderer(source)
     except (LookupError, ValueError, MissingTokensExtra) as exc:
-        return error_response(400, str(exc))
+        raise _Refused(400, str(exc)) from exc
     tools = body.get("tools") or None
     parse_tools = None if body.get("tool_choice") == "none" else tools
     parser = detect_parser(renderer.chat_template)
     if tools and parser is None:
-        return error_response(400, str(_unsupported(renderer)))
+        raise _Refused(400, str(_unsupported(renderer)))
     kwargs = _merged_kwargs(ctx)
-
     healer = ctx.state.get(_STATE_KEY)
     if not isinstance(healer, Healer) or healer.renderer is not renderer:
         healer = Healer(renderer)
@@ -430,55 +316,57 @@ async def handle_chat(ctx: ChatContext) -> Response:
     try:
         heal = await _heal(healer, messages, tools, kwargs)
     except Exception as exc:  # a template raising on these messages (jinja TemplateError...)
-        return error_response(400, f"the chat template could not render these messages: {exc}")
+        raise _Refused(400, f"the chat template could not render these messages: {exc}") from exc
+    return _Plan(
+        runtime, info, source, renderer, parser, tools, parse_tools, kwargs, healer, heal,
+        effective, flags,
+    )  # fmt: skip
 
-    top = body.get("top_logprobs") if body.get("logprobs") else 0
-    call_id = ctx.new_call_id()
-    try:
-        backend, gen = await _generate(
-            ctx, runtime, source, info, heal.prompt_ids, effective, int(top or 0), call_id
-        )
-    except BackendFailure as exc:
-        failed = ModelCall(
-            call_id=call_id,
-            session_id=ctx.session.session_id,
-            index=0,
-            prompt_ids=heal.prompt_ids,
-            status="failed",
-            error=exc.message,
-            sampling=effective,
-            flags=list(flags),
-            backend=exc.backend or ctx.backend.name,
-            capture="tokens",
-            branch=heal.branch,
-            fork_reason=heal.fork_reason,
-            stream=bool(body.get("stream")),
-            started_at=started,
-            latency_ms=(time.perf_counter() - t0) * 1e3,
-            request=request,
-        )
-        await ctx.commit(failed)
-        return error_response(
-            exc.status,
-            exc.message,
-            type="server_error" if exc.status >= 500 else "invalid_request_error",
-        )
 
-    completion = gen.completion_ids
-    args = (renderer, gen, parser, parse_tools, heal.prompt_ids, body)
-    inline = _INLINE_TOKENS_WITH_LOGPROBS if body.get("logprobs") else _INLINE_TOKENS
-    if completion.shape[0] > inline:
-        answer = await asyncio.to_thread(_answer, *args)
-    else:
-        answer = _answer(*args)
-    all_flags = list(flags)
+async def _record_failure(
+    ctx: ChatContext, plan: _Plan, exc: BackendFailure, call_id: str, request: dict[str, Any],
+    started: float, t0: float,
+) -> Response:  # fmt: skip
+    """Commit the failed call (its prompt, no completion) and answer the backend's error."""
+    failed = ModelCall(
+        call_id=call_id,
+        session_id=ctx.session.session_id,
+        index=0,
+        prompt_ids=plan.heal.prompt_ids,
+        status="failed",
+        error=exc.message,
+        sampling=plan.effective,
+        flags=list(plan.flags),
+        backend=exc.backend or ctx.backend.name,
+        capture="tokens",
+        branch=plan.heal.branch,
+        fork_reason=plan.heal.fork_reason,
+        stream=bool(ctx.body.get("stream")),
+        started_at=started,
+        latency_ms=(time.perf_counter() - t0) * 1e3,
+        request=request,
+    )
+    await ctx.commit(failed)
+    return error_response(
+        exc.status,
+        exc.message,
+        type="server_error" if exc.status >= 500 else "invalid_request_error",
+    )
+
+
+def _captured_call(
+    ctx: ChatContext, plan: _Plan, backend: Backend, gen: Generation, answer: _Answer,
+    call_id: str, request: dict[str, Any], started: float, t0: float,
+) -> ModelCall:  # fmt: skip
+    """The call as it is stored: ids, log-probs, experts, flags and the answer sent."""
+    all_flags = list(plan.flags)
     if answer.parsed.ill_formed:
         all_flags.append("ill_formed")
     version, mismatch = resolve_policy_version(gen.weight_version, ctx.policy_version)
     if mismatch:
         all_flags.append("policy_version_mismatch")
-    response = answer.response
-    call = ModelCall(
+    heal, completion = plan.heal, gen.completion_ids
+    return ModelCall(
         call_id=call_id,
         session_id=ctx.session.session_id,
         index=0,
@@ -487,9 +375,9 @@ async def handle_chat(ctx: ChatContext) -> Response:
         logprobs=gen.logprobs,
         routed_experts=_experts(gen.routed_experts, heal.prompt_ids, completion),
         finish_reason=answer.finish,
-        sampling=effective,
-        trainable=not ctx.off_policy_blocked(flags),
-        off_policy=bool(flags),
+        sampling=plan.effective,
+        trainable=not ctx.off_policy_blocked(plan.flags),
+        off_policy=bool(plan.flags),
         flags=all_flags,
         policy_version=version,
         backend=backend.name,
@@ -497,14 +385,15 @@ async def handle_chat(ctx: ChatContext) -> Response:
         capture="tokens",
         branch=heal.branch,
         fork_reason=heal.fork_reason,
-        stream=bool(body.get("stream")),
+        stream=bool(ctx.body.get("stream")),
         started_at=started,
         latency_ms=(time.perf_counter() - t0) * 1e3,
         request=request,
-        response=response,
+        response=answer.response,
     )
-    await ctx.commit(call)
-    healer.record(heal, messages, tools, kwargs, completion, response["choices"][0]["message"])
+
+
+def _respond(body: Mapping[str, Any], response: dict[str, Any]) -> Response:
     if body.get("stream"):
         opts = body.get("stream_options")
         usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
@@ -514,6 +403,39 @@ async def handle_chat(ctx: ChatContext) -> Response:
             headers={"Cache-Control": "no-cache"},
         )
     return Response(orjson.dumps(response), media_type="application/json")
+
+
+async def handle_chat(ctx: ChatContext) -> Response:
+    """Serve one chat-completions request of a ``capture="tokens"`` session (see module docs)."""
+    started = ctx.started_at or time.time()
+    t0 = time.perf_counter()
+    body = ctx.body
+    request = dict(body)
+    try:
+        messages = _check_request(ctx)
+        plan = await _plan(ctx, messages)
+    except _Refused as refused:
+        return refused.response
+    top = body.get("top_logprobs") if body.get("logprobs") else 0
+    call_id = ctx.new_call_id()
+    try:
+        backend, gen = await _generate(
+            ctx, plan.runtime, plan.source, plan.info, plan.heal.prompt_ids, plan.effective,
+            int(top or 0), call_id,
+        )  # fmt: skip
+    except BackendFailure as exc:
+        return await _record_failure(ctx, plan, exc, call_id, request, started, t0)
+    args = (plan.renderer, gen, plan.parser, plan.parse_tools, plan.heal.prompt_ids, body)
+    inline = _INLINE_TOKENS_WITH_LOGPROBS if body.get("logprobs") else _INLINE_TOKENS
+    if gen.completion_ids.shape[0] > inline:
+        answer = await asyncio.to_thread(_answer, *args)
+    else:
+        answer = _answer(*args)
+    call = _captured_call(ctx, plan, backend, gen, answer, call_id, request, started, t0)
+    await ctx.commit(call)
+    message = answer.response["choices"][0]["message"]
+    plan.healer.record(plan.heal, messages, plan.tools, plan.kwargs, gen.completion_ids, message)
+    return _respond(body, answer.response)
 
 
 def _experts(

@@ -1,0 +1,99 @@
+"""Bare ASGI pieces of the data plane: a two-message response, header lookup, body reading.
+
+The data plane is dispatched by hand, without a router or header objects on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rollwire.gateway.errors import GatewayError
+
+__all__ = [
+    "CHAT_PATH",
+    "COMPLETIONS_PATH",
+    "MODELS_PATH",
+    "ASGIResponse",
+    "RawResponse",
+    "bearer",
+    "header",
+    "read_body",
+]
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+MODELS_PATH = "/v1/models"
+
+ASGIResponse = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+class RawResponse:
+    """A complete response body sent as two ASGI messages (no header objects on the hot path)."""
+
+    __slots__ = ("body", "content_type", "status")
+
+    def __init__(self, body: bytes, status: int = 200, content_type: bytes = b"application/json"):
+        self.body = body
+        self.status = status
+        self.content_type = content_type
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.status,
+                "headers": [
+                    (b"content-type", self.content_type),
+                    (b"content-length", str(len(self.body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def bearer(value: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value."""
+    if value and value[:7].lower() == "bearer ":
+        return value[7:].strip()
+    return None
+
+
+def header(scope: dict[str, Any], name: bytes) -> str | None:
+    """The first value of header ``name`` (lower-case bytes) in an ASGI scope."""
+    for k, v in scope["headers"]:
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+async def read_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes:
+    """The whole request body; 413 past ``limit`` bytes, 400 when the client went away."""
+    length = header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise GatewayError(
+            413,
+            f"request body of {length} bytes exceeds the gateway limit of {limit} bytes",
+            "invalid_request_error",
+            "request_too_large",
+        )
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise GatewayError(400, "client disconnected", "invalid_request_error", "disconnected")
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError(
+                    413,
+                    f"request body exceeds the gateway limit of {limit} bytes",
+                    "invalid_request_error",
+                    "request_too_large",
+                )
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -1,0 +1,256 @@
+"""The data-plane handlers: one model call from the agent's request to its captured answer.
+
+:func:`handle_call` parses the request and registers the attempt (retry matching), then either
+hands a tokens-mode chat call to :mod:`rollwire.gateway.tokens` or forwards it in passthrough
+(:mod:`rollwire.gateway.dispatch`, :mod:`rollwire.gateway.relay`). Every path commits the call
+through :func:`rollwire.gateway.commit.commit_call` before the agent sees the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.responses import Response
+
+from rollwire.data.protocol import ModelCall
+from rollwire.gateway.asgi import CHAT_PATH, MODELS_PATH, ASGIResponse, header
+from rollwire.gateway.capture import Asked
+from rollwire.gateway.commit import commit_call, new_call
+from rollwire.gateway.context import ChatContext
+from rollwire.gateway.dispatch import Commit, forward
+from rollwire.gateway.errors import GatewayError, error_response
+from rollwire.gateway.ports import GatewayPort
+from rollwire.gateway.relay import forward_stream
+from rollwire.gateway.sampling import tool_choice_flags
+from rollwire.gateway.sessions import Attempt, SessionState
+
+__all__ = ["check_budget", "handle_call", "internal_error", "models"]
+
+log = logging.getLogger("rollwire.gateway")
+
+_JSON = "application/json"
+
+
+def internal_error(gw: GatewayPort, exc: Exception, st: SessionState | None) -> Response:
+    """Log an unexpected failure and answer an OpenAI-shaped 500."""
+    sid = st.record.session_id if st is not None else None
+    log.error("unexpected error serving a call of session %r", sid, exc_info=exc)
+    gw.metrics.error("internal")
+    return error_response(
+        500,
+        f"internal gateway error: {type(exc).__name__}: {exc}",
+        "server_error",
+        "internal_error",
+    )
+
+
+def check_budget(gw: GatewayPort, st: SessionState) -> None:
+    """Refuse a call of a closed, expired or over-budget session (409 / 401 / 429)."""
+    rec = st.record
+    if rec.terminal or rec.session_id in gw.closing:
+        raise GatewayError(
+            409,
+            f"session {rec.session_id!r} is "
+            f"{rec.status if rec.terminal else 'being completed'}; "
+            "it accepts no more model calls",
+            "invalid_request_error",
+            "session_closed",
+        )
+    if rec.expires_at is not None and rec.expires_at < time.time():
+        # Touched after its TTL: it becomes ``timeout`` (in the background; the call is
+        # refused either way).
+        gw.spawn(gw.expire(rec))
+        raise GatewayError(401, "session expired", "authentication_error", "session_expired")
+    if rec.max_calls is not None and rec.num_calls + st.in_flight >= rec.max_calls:
+        gw.metrics.error("budget_calls")
+        raise GatewayError(
+            429,
+            f"session {rec.session_id!r} reached its budget of {rec.max_calls} model calls",
+            "rate_limit_error",
+            "call_budget_exceeded",
+        )
+    if rec.max_tokens is not None and rec.num_tokens >= rec.max_tokens:
+        gw.metrics.error("budget_tokens")
+        raise GatewayError(
+            429,
+            f"session {rec.session_id!r} used its budget of {rec.max_tokens} tokens "
+            f"({rec.num_tokens} generated)",
+            "rate_limit_error",
+            "token_budget_exceeded",
+        )
+
+
+async def models(gw: GatewayPort) -> Response:
+    """``GET /v1/models``, relayed from a backend."""
+    backend = gw.pool.pick("")
+    if backend is None:
+        raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
+    try:
+        async with gw.http.get(backend.url + MODELS_PATH) as resp:
+            data = await resp.read()
+            return Response(data, status_code=resp.status, media_type=_JSON)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        gw.pool.mark_failed(backend)
+        raise GatewayError(
+            502, f"backend {backend.url} unreachable: {exc}", "server_error", "bad_gateway"
+        ) from exc
+
+
+def parse_request(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (400 otherwise), an empty ``tools`` list dropped."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    if body.get("tools") == []:
+        del body["tools"]  # vLLM rejects an empty tool list; Strands always sends one
+    return body
+
+
+def retry_count_of(scope: dict[str, Any]) -> int:
+    """The OpenAI SDK's retry counter (``x-stainless-retry-count``), 0 when absent."""
+    rc = header(scope, b"x-stainless-retry-count")
+    if rc:
+        with contextlib.suppress(ValueError):
+            return int(rc)
+    return 0
+
+
+async def handle_call(
+    gw: GatewayPort, scope: dict[str, Any], st: SessionState, path: str, raw: bytes
+) -> ASGIResponse:
+    """A chat or completions call: parse, register the attempt, capture, commit, answer."""
+    t0 = time.perf_counter()
+    started_at = time.time()
+    body = parse_request(raw)
+    attempt = st.register_attempt(raw, retry_count_of(scope))
+
+    async def commit(call: ModelCall) -> None:
+        await commit_call(gw, st, call, attempt)
+
+    try:
+        return await _dispatch(gw, scope, st, path, body, attempt, commit, t0, started_at)
+    except GatewayError:
+        raise
+    except Exception as exc:
+        if not attempt.committed:
+            # Still leave a trace of the attempt: a failed, non-trainable call.
+            call = new_call(
+                call_id=attempt.call_id or gw.new_call_id(),
+                session_id=st.record.session_id,
+                index=0,
+                status="failed",
+                trainable=False,
+                error=f"internal gateway error: {type(exc).__name__}: {exc}",
+                stream=bool(body.get("stream")),
+                started_at=started_at,
+                latency_ms=(time.perf_counter() - t0) * 1000.0,
+                request=body,
+                capture=st.record.capture,
+            )
+            with contextlib.suppress(Exception):
+                await commit(call)
+        return internal_error(gw, exc, st)
+
+
+async def _dispatch(
+    gw: GatewayPort,
+    scope: dict[str, Any],
+    st: SessionState,
+    path: str,
+    body: dict[str, Any],
+    attempt: Attempt,
+    commit: Commit,
+    t0: float,
+    started_at: float,
+) -> ASGIResponse:
+    rec = st.record
+    if path == CHAT_PATH and rec.capture == "tokens":
+        return await tokens_chat(gw, scope, st, body, commit, started_at)
+
+    fwd = dict(body)
+    asked = Asked.from_body(body)
+    effective, flags = gw.apply_sampling(rec, fwd)
+    if "tool_choice" in body:
+        flags += tool_choice_flags(body)
+    if gw.pool.pick(rec.session_id) is None:
+        raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
+    stream = bool(body.get("stream"))
+    chat = path == CHAT_PATH
+    if rec.chat_template_kwargs and chat:
+        agent_kwargs = fwd.get("chat_template_kwargs")
+        fwd["chat_template_kwargs"] = {
+            **(agent_kwargs if isinstance(agent_kwargs, dict) else {}),
+            **rec.chat_template_kwargs,
+        }
+    attempt.call_id = gw.new_call_id()
+    call = new_call(
+        call_id=attempt.call_id,
+        session_id=rec.session_id,
+        index=0,
+        sampling=effective,
+        trainable=not (flags and not rec.allow_off_policy),
+        off_policy=bool(flags),
+        flags=list(flags),
+        stream=stream,
+        started_at=started_at,
+        request=body,
+        capture="passthrough",
+    )
+    if stream:
+        headers = {"content-type": _JSON, "x-session-id": st.header_id}
+        return await forward_stream(gw, st, call, fwd, asked, chat, path, headers, t0, commit)
+    return await forward(gw, st, call, fwd, asked, path, st.upstream_headers, t0, commit)
+
+
+async def tokens_chat(
+    gw: GatewayPort,
+    scope: dict[str, Any],
+    st: SessionState,
+    body: dict[str, Any],
+    commit: Commit,
+    started_at: float,
+) -> ASGIResponse:
+    """A chat call of a ``capture="tokens"`` session, handed to the tokens-mode handler."""
+    # Imported on first use: passthrough-only gateways never load the renderer stack.
+    from rollwire.gateway import tokens
+
+    rec = st.record
+    backend = gw.pool.pick(rec.session_id)
+    if backend is None:
+        raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
+
+    def _apply(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        return gw.apply_sampling(rec, params)
+
+    ctx = ChatContext(
+        body=body,
+        session=rec,
+        state=st.state,
+        backend=backend,
+        http=gw.http,
+        apply_sampling=_apply,
+        commit=commit,
+        new_call_id=gw.new_call_id,
+        policy_version=gw.policy_version,
+        request_headers={
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+        },
+        mark_backend_failed=lambda: gw.pool.mark_failed(backend),
+        started_at=started_at,
+        gateway=gw,
+    )
+    backend.in_flight += 1
+    try:
+        response: Response = await tokens.handle_chat(ctx)
+    finally:
+        backend.in_flight -= 1
+    return response

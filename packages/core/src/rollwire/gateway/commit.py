@@ -1,0 +1,92 @@
+"""The commit path: a captured call becomes durable in the store before its answer leaves.
+
+Also where retries meet their originals (``retry_of``, ``superseded_by_retry``) and where budgets
+and call metrics are counted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rollwire.data.protocol import ModelCall
+from rollwire.gateway.errors import GatewayError
+from rollwire.gateway.ports import GatewayPort
+from rollwire.gateway.sessions import Attempt, SessionState
+from rollwire.store import SessionClosed, SessionNotFound
+
+__all__ = ["commit_call", "new_call"]
+
+_CALL_DEFAULTS = ModelCall(call_id="", session_id="", index=0).__dict__
+
+
+def new_call(**fields: Any) -> ModelCall:
+    """A ModelCall without validation or per-field default factories (the hot path)."""
+    values = {
+        k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in _CALL_DEFAULTS.items()
+    }
+    values.update(fields)
+    return ModelCall.model_construct(None, **values)
+
+
+def _link_retry(gw: GatewayPort, st: SessionState, call: ModelCall, attempt: Attempt) -> None:
+    rec = st.record
+    if call.policy_version is None:
+        call.policy_version = gw.policy_version
+    if call.backend is None:
+        b = gw.pool.backends.get(gw.pool._sticky.get(rec.session_id, ""))
+        call.backend = b.name if b is not None else None
+    if attempt.retry_count > 0:
+        call.retry_count = attempt.retry_count
+        if attempt.prior is not None:
+            call.retry_of = attempt.prior.call_id
+    if attempt.superseded_by is not None:
+        # A retry of this request succeeded while this one was still running.
+        call.trainable = False
+        call.flags.append("superseded_by_retry")
+    # Set before the await: a retry committing meanwhile queues its mark after this append.
+    attempt.call_id = call.call_id
+    attempt.committed = True
+
+
+async def commit_call(gw: GatewayPort, st: SessionState, call: ModelCall, attempt: Attempt) -> None:
+    """Store ``call`` (durable when this returns), then count it and settle its retry links.
+
+    Raises a 409/404 :class:`GatewayError` when the session was completed or deleted meanwhile.
+    """
+    rec = st.record
+    _link_retry(gw, st, call, attempt)
+    t = time.perf_counter()
+    try:
+        await gw.store.append_call(call)
+    except SessionClosed as exc:
+        raise GatewayError(
+            409,
+            f"session {rec.session_id!r} was completed while this call ran; the call is "
+            "not recorded",
+            "invalid_request_error",
+            "session_closed",
+        ) from exc
+    except SessionNotFound as exc:
+        raise GatewayError(
+            404,
+            f"session {rec.session_id!r} was deleted while this call ran",
+            "invalid_request_error",
+            "session_not_found",
+        ) from exc
+    gw.metrics.commit_latency.observe(time.perf_counter() - t)
+    n_completion = int(call.completion_ids.shape[0])
+    rec.num_calls += 1
+    rec.num_tokens += n_completion
+    gw.metrics.call(
+        "chat" if "messages" in call.request else "completions",
+        call.status,
+        int(call.prompt_ids.shape[0]),
+        n_completion,
+    )
+    prior = attempt.prior
+    if prior is not None and call.status == "ok":
+        if prior.committed and prior.call_id is not None:
+            await gw.store.mark_superseded(rec.session_id, prior.call_id, call.call_id)
+        else:
+            prior.superseded_by = call.call_id  # it marks itself when it lands

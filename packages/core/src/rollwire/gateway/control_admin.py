@@ -1,0 +1,111 @@
+"""Admin routes of the control plane: backends, policy version, pause/resume, health, metrics."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rollwire.gateway.config import BACKEND_KINDS, BackendSpec
+from rollwire.gateway.control_base import ControlRoutes, json_response, query_number
+from rollwire.gateway.errors import GatewayError
+
+__all__ = ["AdminRoutes"]
+
+
+class AdminRoutes(ControlRoutes):
+    """``/api/backends``, ``/api/policy_version``, ``/api/pause``, ``/api/resume``, ``/health``,
+    ``/metrics``."""
+
+    def routes(self) -> list[Route]:
+        """The Starlette routes of this group."""
+        return [
+            Route("/api/backends", self.list_backends, methods=["GET"]),
+            Route("/api/backends", self.add_backend, methods=["POST"]),
+            Route("/api/backends/{name}", self.remove_backend, methods=["DELETE"]),
+            Route("/api/policy_version", self.policy_version, methods=["GET", "POST"]),
+            Route("/api/pause", self.pause, methods=["GET", "POST"]),
+            Route("/api/resume", self.resume, methods=["POST"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ]
+
+    def backends_json(self) -> Response:
+        return json_response({"backends": [b.info() for b in self.gw.pool.backends.values()]})
+
+    async def list_backends(self, request: Request) -> Response:
+        self.require_admin(request)
+        return self.backends_json()
+
+    async def add_backend(self, request: Request) -> Response:
+        self.require_admin(request)
+        body = await self.body_of(request)
+        kind = body.get("kind") or "vllm"
+        if not body.get("url") or not isinstance(body["url"], str):
+            raise GatewayError(400, f"a backend needs a 'url' string, got {body.get('url')!r}")
+        if body.get("name") is not None and not isinstance(body["name"], str):
+            raise GatewayError(400, f"a backend's name must be a string, got {body['name']!r}")
+        if kind not in BACKEND_KINDS:
+            raise GatewayError(400, f"kind must be one of {BACKEND_KINDS}, got {kind!r}")
+        model = body.get("model")
+        backend = self.gw.pool.add(
+            BackendSpec(
+                url=str(body["url"]),
+                kind=kind,
+                name=body.get("name"),
+                model=None if model is None else str(model),
+            )
+        )
+        if self.gw.started:
+            await self.gw.pool.check(self.gw.http, backend)
+        return self.backends_json()
+
+    async def remove_backend(self, request: Request) -> Response:
+        self.require_admin(request)
+        name = request.path_params["name"]
+        if not self.gw.pool.remove(name):
+            raise GatewayError(404, f"no backend named {name!r}", code="backend_not_found")
+        return Response(status_code=204)
+
+    async def policy_version(self, request: Request) -> Response:
+        self.require_admin(request)
+        if request.method == "POST":
+            body = await self.body_of(request)
+            if body.get("version") is None:
+                raise GatewayError(400, "body must be {'version': str}")
+            self.gw.policy_version = str(body["version"])
+        return json_response({"version": self.gw.policy_version})
+
+    def pause_json(self) -> Response:
+        return json_response({"paused": self.gw.paused, "in_flight": self.gw.in_flight})
+
+    async def pause(self, request: Request) -> Response:
+        self.require_admin(request)
+        if request.method == "POST":
+            self.gw.pause()
+            if request.query_params.get("wait", "").lower() in ("1", "true", "yes"):
+                timeout = query_number(request, "timeout", 600.0)
+                await self.gw.drained(timeout)
+        return self.pause_json()
+
+    async def resume(self, request: Request) -> Response:
+        self.require_admin(request)
+        self.gw.resume()
+        return self.pause_json()
+
+    async def health(self, request: Request) -> Response:
+        healthy = sum(1 for b in self.gw.pool.backends.values() if b.healthy)
+        return json_response(
+            {
+                "status": "ok",
+                "backends": len(self.gw.pool.backends),
+                "healthy_backends": healthy,
+                "paused": self.gw.paused,
+                "in_flight": self.gw.in_flight,
+                "policy_version": self.gw.policy_version,
+            }
+        )
+
+    async def metrics(self, request: Request) -> Response:
+        text = self.gw.metrics.render(len(self.gw.sessions), self.gw.in_flight)
+        return Response(text, media_type="text/plain; version=0.0.4")

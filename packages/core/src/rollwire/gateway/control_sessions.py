@@ -1,0 +1,354 @@
+"""Session routes of the control plane: create, read, list, complete, wait, delete."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rollwire.data.protocol import TERMINAL_STATUSES, Rollout
+from rollwire.data.trajectory import TrajectoryBuilder
+from rollwire.gateway.control_base import (
+    ControlRoutes,
+    finite,
+    json_response,
+    positive_int,
+    positive_seconds,
+    query_number,
+    same_key,
+)
+from rollwire.gateway.errors import GatewayError
+from rollwire.gateway.sampling import POLICIES, check_sampling
+from rollwire.gateway.security import TokenError
+from rollwire.store import CompletionConflict, SessionExists, SessionNotFound, SessionRecord
+
+__all__ = ["SessionRoutes"]
+
+log = logging.getLogger("rollwire.gateway")
+
+_MAX_LIST_LIMIT = 100_000  # the most sessions one ``GET /api/sessions`` lists
+
+_CREATE_FIELDS = {
+    "session_id",
+    "group_id",
+    "task_id",
+    "metadata",
+    "sampling",
+    "sampling_policy",
+    "ttl",
+    "max_calls",
+    "max_tokens",
+    "capture",
+    "allow_off_policy",
+    "chat_template_kwargs",
+}
+
+
+def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
+    """The session a ``POST /api/sessions`` body asks for (400 on a field of the wrong kind)."""
+    unknown = set(body) - _CREATE_FIELDS
+    if unknown:
+        raise GatewayError(
+            400, f"unknown session fields {sorted(unknown)}; allowed: {sorted(_CREATE_FIELDS)}"
+        )
+    capture = body.get("capture") or "passthrough"
+    if capture not in ("passthrough", "tokens"):
+        raise GatewayError(400, f"capture must be 'passthrough' or 'tokens', got {capture!r}")
+    policy = body.get("sampling_policy") or {}
+    if not isinstance(policy, dict) or any(v not in POLICIES for v in policy.values()):
+        raise GatewayError(400, f"sampling_policy values must be one of {POLICIES}, got {policy!r}")
+    for key in ("metadata", "sampling", "chat_template_kwargs"):
+        if body.get(key) is not None and not isinstance(body[key], dict):
+            raise GatewayError(
+                400, f"{key} must be an object, got {body[key]!r}", code="invalid_field"
+            )
+    for key in ("session_id", "group_id", "task_id"):
+        value = body.get(key)
+        if type(value) is int:
+            body[key] = str(value)  # a numeric task index names the task as well
+        elif value is not None and not isinstance(value, str):
+            raise GatewayError(400, f"{key} must be a string, got {value!r}", code="invalid_field")
+    aop = body.get("allow_off_policy")
+    if aop is None:
+        aop = False
+    elif not isinstance(aop, bool):
+        raise GatewayError(
+            400, f"allow_off_policy must be true or false, got {aop!r}", code="invalid_field"
+        )
+    ttl = default_ttl
+    if body.get("ttl") is not None:
+        ttl = positive_seconds(body["ttl"], "ttl")
+    max_calls = positive_int(body, "max_calls")
+    max_tokens = positive_int(body, "max_tokens")
+    now = time.time()
+    sampling = dict(body.get("sampling") or {})
+    try:
+        check_sampling(sampling, where="sampling")
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), code="invalid_field") from exc
+    if "max_completion_tokens" in sampling:
+        sampling.setdefault("max_tokens", sampling.pop("max_completion_tokens"))
+    rec = SessionRecord(
+        session_id=body.get("session_id") or uuid.uuid4().hex,
+        group_id=body.get("group_id"),
+        task_id=body.get("task_id"),
+        metadata=dict(body.get("metadata") or {}),
+        sampling=sampling,
+        sampling_policy=dict(policy),
+        capture=capture,
+        allow_off_policy=aop,
+        chat_template_kwargs=body.get("chat_template_kwargs"),
+        max_calls=max_calls,
+        max_tokens=max_tokens,
+        expires_at=now + ttl,
+        created_at=now,
+    )
+    return rec
+
+
+class SessionRoutes(ControlRoutes):
+    """``/api/sessions/...``"""
+
+    def routes(self) -> list[Route]:
+        """The Starlette routes of this group."""
+        return [
+            Route("/api/sessions", self.create_session, methods=["POST"]),
+            Route("/api/sessions", self.list_sessions, methods=["GET"]),
+            Route("/api/sessions/{session_id}", self.get_session, methods=["GET"]),
+            Route("/api/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
+            Route("/api/sessions/{session_id}/calls", self.session_calls, methods=["GET"]),
+            Route("/api/sessions/{session_id}/rollout", self.session_rollout, methods=["GET"]),
+            Route(
+                "/api/sessions/{session_id}/trajectory", self.session_trajectory, methods=["GET"]
+            ),
+            Route("/api/sessions/{session_id}/complete", self.complete, methods=["POST"]),
+            Route("/api/sessions/{session_id}/wait", self.wait, methods=["GET"]),
+        ]
+
+    async def check_tokens_session(self, rec: SessionRecord) -> None:
+        """Refuse a tokens session whose chat template no tool-call parser understands (the
+        calls would fail one by one later). Other problems, such as a backend that is down or
+        names no tokenizer, are left to the request-time checks, which say the same."""
+        from rollwire.gateway import tokens
+        from rollwire.gateway.parsers import TemplateNotSupported
+
+        backend = self.gw.pool.pick(rec.session_id)
+        try:
+            await tokens.check_session(rec.metadata, backend, gateway=self.gw)
+        except TemplateNotSupported as exc:
+            raise GatewayError(
+                400, f"capture='tokens': {exc}", code="unsupported_chat_template"
+            ) from exc
+        except Exception as exc:  # not decidable now: the first call will say what is wrong
+            log.info("tokens session %r not checked at creation: %s", rec.session_id, exc)
+
+    async def create_session(self, request: Request) -> Response:
+        self.require_admin(request)
+        rec = session_record(await self.body_of(request), self.gw.config.default_ttl)
+        if rec.capture == "tokens":
+            await self.check_tokens_session(rec)
+        try:
+            await self.gw.store.create_session(rec)
+        except SessionExists as exc:
+            raise GatewayError(409, str(exc), "invalid_request_error", "session_exists") from exc
+        token = self.gw.issue_token(rec)
+        url = self.public_url(request)
+        return json_response(
+            {
+                "session_id": rec.session_id,
+                "token": token,
+                "base_url": f"{url}/s/{token}/v1",
+                "complete_url": f"{url}/api/sessions/{rec.session_id}/complete",
+                "expires_at": rec.expires_at,
+            },
+            201,
+        )
+
+    async def get_session(self, request: Request) -> Response:
+        self.require_admin(request)
+        rec = await self.load(request.path_params["session_id"])
+        return json_response(rec.info())
+
+    async def list_sessions(self, request: Request) -> Response:
+        self.require_admin(request)
+        q = request.query_params
+        limit = q.get("limit")
+        if limit and not (
+            limit.isascii()
+            and limit.isdigit()
+            and len(limit) <= len(str(_MAX_LIST_LIMIT))
+            and 0 < int(limit) <= _MAX_LIST_LIMIT
+        ):
+            raise GatewayError(
+                400,
+                f"limit must be an integer from 1 to {_MAX_LIST_LIMIT}, got {limit[:40]!r}",
+                code="invalid_query",
+            )
+        recs = await self.gw.store.list_sessions(
+            group_id=q.get("group_id") or None,
+            status=q.get("status") or None,
+            limit=int(limit) if limit else None,
+        )
+        return json_response({"sessions": [r.info() for r in recs]})
+
+    async def session_calls(self, request: Request) -> Response:
+        self.require_admin(request)
+        sid = request.path_params["session_id"]
+        await self.load(sid)
+        calls = await self.gw.store.calls(sid)
+        return Response(
+            b'{"calls":[' + b",".join(c.model_dump_json().encode() for c in calls) + b"]}",
+            media_type="application/json",
+        )
+
+    async def rollout_of(self, sid: str) -> Rollout:
+        rec = await self.load(sid)
+        calls = await self.gw.store.calls(sid)
+        status = (
+            rec.status if rec.status in TERMINAL_STATUSES or rec.status == "running" else "running"
+        )
+        return Rollout.model_validate(
+            {
+                "rollout_id": sid,
+                "group_id": rec.group_id,
+                "task_id": rec.task_id,
+                "status": status,
+                "reward": rec.reward,
+                "metrics": rec.metrics,
+                "error": rec.error,
+                "metadata": rec.metadata,
+                "capture": rec.capture,
+                "created_at": rec.created_at,
+                "completed_at": rec.completed_at,
+            }
+        ).model_copy(update={"calls": calls})
+
+    async def session_rollout(self, request: Request) -> Response:
+        self.require_admin(request)
+        rollout = await self.rollout_of(request.path_params["session_id"])
+        return Response(rollout.to_json(), media_type="application/json")
+
+    async def session_trajectory(self, request: Request) -> Response:
+        self.require_admin(request)
+        mode = request.query_params.get("mode", "merge")
+        if mode not in ("merge", "per_call"):
+            raise GatewayError(400, f"mode must be 'merge' or 'per_call', got {mode!r}")
+        rollout = await self.rollout_of(request.path_params["session_id"])
+        rows = TrajectoryBuilder(mode).build(rollout)  # type: ignore[arg-type]
+        return Response(
+            b'{"rows":[' + b",".join(r.model_dump_json().encode() for r in rows) + b"]}",
+            media_type="application/json",
+        )
+
+    async def complete(self, request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not (self.gw.admin_key is None or same_key(token, self.gw.admin_key)):
+            try:
+                owner = self.gw.signer.verify(token) if token else None
+            except TokenError:
+                owner = None
+            if owner != sid:
+                self.gw.metrics.error("unauthorized_admin")
+                raise GatewayError(
+                    401,
+                    "completing a session needs the admin key or that session's own token",
+                    "authentication_error",
+                    "invalid_token",
+                )
+        body = await self.body_of(request)
+        status = body.get("status")
+        if status is None:
+            status = "completed"
+        if not isinstance(status, str) or status not in TERMINAL_STATUSES:
+            raise GatewayError(
+                400, f"status must be one of {sorted(TERMINAL_STATUSES)}, got {status!r}"
+            )
+        reward = body.get("reward")
+        if reward is not None:
+            reward = finite(reward, "reward")
+        metrics = body.get("metrics") or {}
+        if not isinstance(metrics, dict):
+            raise GatewayError(400, f"metrics must be an object of numbers, got {metrics!r}")
+        metrics = {str(k): finite(v, f"metrics[{k!r}]") for k, v in metrics.items()}
+        error = body.get("error")
+        if error is not None and not isinstance(error, str):
+            raise GatewayError(400, f"error must be a string, got {error!r}")
+        # From here on new calls of the session are refused (409), so none lands after the
+        # completion; calls already in flight are let in first.
+        closing = sid not in self.gw.closing
+        self.gw.closing.add(sid)
+        try:
+            st = self.gw.sessions.get(sid)
+            if st is not None and st.in_flight:
+                deadline = time.monotonic() + 30.0
+                while st.in_flight and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            try:
+                rec, changed = await self.gw.store.complete(
+                    sid, status=status, reward=reward, metrics=metrics, error=error
+                )
+            except SessionNotFound as exc:
+                raise GatewayError(
+                    404, f"session {sid!r} not found", "invalid_request_error", "session_not_found"
+                ) from exc
+            except CompletionConflict as exc:
+                raise GatewayError(
+                    409, str(exc), "invalid_request_error", "completion_conflict"
+                ) from exc
+        finally:
+            if closing:
+                self.gw.closing.discard(sid)
+        if changed or rec.terminal:
+            self.gw.session_finished(rec)
+        return json_response(rec.info())
+
+    async def wait(self, request: Request) -> Response:
+        self.require_admin(request)
+        sid = request.path_params["session_id"]
+        timeout = min(query_number(request, "timeout", 30.0), 300.0)
+        deadline = time.monotonic() + max(0.0, timeout)
+        ev = self.gw.waiters.get(sid)
+        if ev is None:
+            ev = self.gw.waiters[sid] = asyncio.Event()
+        self.gw.waiter_counts[sid] = self.gw.waiter_counts.get(sid, 0) + 1
+        try:
+            while True:
+                rec = await self.load(sid)
+                left = deadline - time.monotonic()
+                if rec.terminal or left <= 0:
+                    return json_response(rec.info())
+                try:
+                    # In-process completion sets the event; another gateway sharing the store
+                    # is noticed by polling.
+                    await asyncio.wait_for(ev.wait(), min(left, self.gw.config.wait_poll_interval))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            # The last waiter out removes the entry (unless a delete already replaced it).
+            if self.gw.waiters.get(sid) is ev:
+                left_waiting = self.gw.waiter_counts.get(sid, 1) - 1
+                if left_waiting <= 0:
+                    del self.gw.waiters[sid]
+                    self.gw.waiter_counts.pop(sid, None)
+                else:
+                    self.gw.waiter_counts[sid] = left_waiting
+
+    async def delete_session(self, request: Request) -> Response:
+        self.require_admin(request)
+        sid = request.path_params["session_id"]
+        await self.gw.store.delete_session(sid)
+        self.gw.sessions.pop(sid, None)
+        self.gw.pool.forget(sid)
+        ev = self.gw.waiters.pop(sid, None)
+        self.gw.waiter_counts.pop(sid, None)
+        if ev is not None:
+            ev.set()  # waiters wake up and answer 404
+        return Response(status_code=204)

@@ -1,0 +1,253 @@
+"""Upstream dispatch: the request a backend gets, the POST with one fail-over, the answer read
+back into the call (non-streamed; streams go through :mod:`rollwire.gateway.relay`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+
+from rollwire.data.protocol import ModelCall
+from rollwire.gateway.asgi import CHAT_PATH, ASGIResponse, RawResponse
+from rollwire.gateway.backends import Backend
+from rollwire.gateway.capture import Asked, Captured, extract, resolve_policy_version
+from rollwire.gateway.capture import strip_response as _strip
+from rollwire.gateway.errors import GatewayError, error_response, upstream_error_body
+from rollwire.gateway.ports import GatewayPort
+from rollwire.gateway.sessions import SessionState
+from rollwire.gateway.upstream import UpstreamBrokenError, UpstreamConnectError, UpstreamError
+
+__all__ = [
+    "LOGPROBS_MODE",
+    "Commit",
+    "fail_call",
+    "fill_call",
+    "forward",
+    "open_stream",
+    "post",
+    "prepare_body",
+]
+
+#: What each backend kind's log-probs are: vLLM's before sampling processors, SGLang's after.
+LOGPROBS_MODE = {"vllm": "raw", "sglang": "processed"}
+
+Commit = Callable[[ModelCall], Awaitable[None]]
+
+
+def prepare_body(backend: Backend, fwd: dict[str, Any], chat: bool) -> bytes:
+    """The JSON a backend gets: its served model name, and asked for ids and log-probs."""
+    body = fwd
+    if backend.model is not None and fwd.get("model") != backend.model:
+        body = dict(fwd)
+        body["model"] = backend.model
+    if backend.kind != "openai":
+        body = dict(body)
+        stream = bool(body.get("stream"))
+        if backend.kind == "sglang" and stream:
+            body["return_output_ids_in_sglext"] = True
+        else:
+            body["return_token_ids"] = True
+        if backend.kind == "vllm":
+            body["return_weight_versions"] = True
+        if chat:
+            body["logprobs"] = True
+        elif not body.get("logprobs"):
+            body["logprobs"] = 1
+    return orjson.dumps(body)
+
+
+def _unreachable(last: Exception | None) -> GatewayError:
+    if last is None:
+        return GatewayError(503, "no healthy inference backend", "server_error", "no_backend")
+    return GatewayError(
+        502, f"inference backend unreachable: {last}", "server_error", "bad_gateway"
+    )
+
+
+async def open_stream(
+    gw: GatewayPort, st: SessionState, path: str, fwd: dict[str, Any], headers: dict[str, str]
+) -> tuple[Backend, aiohttp.ClientResponse]:
+    """POST a streamed request; on a connection failure, take the backend out and retry once
+    elsewhere. The caller releases the response and the backend's in-flight count."""
+    tried: set[str] = set()
+    last: Exception | None = None
+    chat = path == CHAT_PATH
+    for _ in range(2):
+        backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
+        if backend is None:
+            break
+        tried.add(backend.name)
+        backend.in_flight += 1
+        try:
+            resp = await gw.http.post(
+                backend.url + path, data=prepare_body(backend, fwd, chat), headers=headers
+            )
+        except (aiohttp.ClientConnectionError, aiohttp.ConnectionTimeoutError, OSError) as exc:
+            backend.in_flight -= 1
+            if isinstance(exc, asyncio.TimeoutError) and not isinstance(
+                exc, aiohttp.ConnectionTimeoutError
+            ):
+                raise
+            gw.pool.mark_failed(backend)
+            gw.metrics.error("backend_connect")
+            last = exc
+            continue
+        except BaseException:
+            backend.in_flight -= 1
+            raise
+        return backend, resp
+    raise _unreachable(last)
+
+
+async def post(
+    gw: GatewayPort, st: SessionState, path: str, fwd: dict[str, Any], headers: bytes
+) -> tuple[Backend, int, bytes]:
+    """POST to a backend with the lean client; on a connection failure, take the backend out
+    and retry once elsewhere. Raises :class:`UpstreamBrokenError` when the answer broke off,
+    ``asyncio.TimeoutError`` on timeout."""
+    tried: set[str] = set()
+    last: Exception | None = None
+    chat = path == CHAT_PATH
+    for _ in range(2):
+        backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
+        if backend is None:
+            break
+        tried.add(backend.name)
+        backend.in_flight += 1
+        try:
+            status, payload = await gw.upstream.post(
+                backend.url,
+                path,
+                prepare_body(backend, fwd, chat),
+                headers,
+                gw.config.upstream_timeout,
+            )
+        except UpstreamConnectError as exc:
+            gw.pool.mark_failed(backend)
+            gw.metrics.error("backend_connect")
+            last = exc
+            continue
+        except UpstreamBrokenError:
+            # Not the backend's "no": it died while answering. The caller may retry once.
+            gw.pool.mark_failed(backend)
+            raise
+        finally:
+            backend.in_flight -= 1
+        return backend, status, payload
+    raise _unreachable(last)
+
+
+async def fail_call(
+    gw: GatewayPort,
+    call: ModelCall,
+    commit: Commit,
+    status: int,
+    message: str,
+    code: str,
+    t0: float,
+) -> ASGIResponse:
+    """Record ``call`` as failed (non-trainable) and answer the agent with an OpenAI error."""
+    call.status = "failed"
+    call.error = message
+    call.trainable = False
+    call.latency_ms = (time.perf_counter() - t0) * 1000.0
+    await commit(call)
+    gw.metrics.error(code)
+    type_ = "server_error" if status >= 500 else "invalid_request_error"
+    return error_response(status, message, type_, code)
+
+
+async def upstream_refused(
+    gw: GatewayPort, call: ModelCall, commit: Commit, status: int, payload: bytes, t0: float
+) -> ASGIResponse:
+    """Record a backend's non-200 answer as a failed call and relay its error to the agent."""
+    call.status = "failed"
+    call.trainable = False
+    call.error = f"backend answered {status}: {payload[:2000].decode(errors='replace')}"
+    call.latency_ms = (time.perf_counter() - t0) * 1000.0
+    await commit(call)
+    gw.metrics.error("upstream_status")
+    return RawResponse(upstream_error_body(status, payload), status)
+
+
+async def _post_once_more(
+    gw: GatewayPort, st: SessionState, path: str, fwd: dict[str, Any], headers: bytes
+) -> tuple[Backend, int, bytes]:
+    for attempt in range(2):
+        try:
+            return await post(gw, st, path, fwd, headers)
+        except UpstreamBrokenError:
+            # The backend died while answering: nothing reached the agent; retry once.
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def forward(
+    gw: GatewayPort,
+    st: SessionState,
+    call: ModelCall,
+    fwd: dict[str, Any],
+    asked: Asked,
+    path: str,
+    headers: bytes,
+    t0: float,
+    commit: Commit,
+) -> ASGIResponse:
+    """Forward a non-streamed call, capture the answer into ``call``, commit, answer."""
+    try:
+        backend, status, payload = await _post_once_more(gw, st, path, fwd, headers)
+    except GatewayError as exc:
+        return await fail_call(gw, call, commit, exc.status, exc.message, exc.code or "", t0)
+    except asyncio.TimeoutError:
+        message = f"inference backend timed out after {gw.config.upstream_timeout}s"
+        return await fail_call(gw, call, commit, 504, message, "upstream_timeout", t0)
+    except UpstreamError as exc:
+        message = f"inference backend failed: {exc}"
+        return await fail_call(gw, call, commit, 502, message, "bad_gateway", t0)
+    gw.metrics.upstream_latency.observe(time.perf_counter() - t0)
+    call.backend = backend.name
+    call.logprobs_mode = LOGPROBS_MODE.get(backend.kind)  # type: ignore[assignment]
+    if status != 200:
+        return await upstream_refused(gw, call, commit, status, payload, t0)
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        message = "inference backend answered with invalid JSON"
+        return await fail_call(gw, call, commit, 502, message, "bad_gateway", t0)
+    fill_call(gw, call, extract(data), backend)
+    call.latency_ms = (time.perf_counter() - t0) * 1000.0
+    if not asked.everything:
+        _strip(data, asked)
+        payload = orjson.dumps(data)
+    call.response = data
+    await commit(call)
+    gw.metrics.latency.observe(time.perf_counter() - t0)
+    return RawResponse(payload)
+
+
+def fill_call(gw: GatewayPort, call: ModelCall, cap: Captured, backend: Backend) -> None:
+    """Copy what was captured into ``call`` and flag what makes it untrainable."""
+    call.prompt_ids = cap.prompt_ids
+    call.completion_ids = cap.completion_ids
+    call.logprobs = cap.logprobs
+    call.routed_experts = cap.routed_experts
+    call.finish_reason = cap.finish_reason
+    if cap.weight_version is not None:
+        call.policy_version, mismatch = resolve_policy_version(
+            cap.weight_version, gw.policy_version
+        )
+        if mismatch:
+            call.flags.append("policy_version_mismatch")
+    if backend.kind == "openai" or not cap.has_ids:
+        call.trainable = False
+        call.flags.append("no_token_ids")
+    elif cap.logprobs.shape[0] != cap.completion_ids.shape[0]:
+        call.trainable = False
+        call.flags.append("logprobs_mismatch")
+        call.logprobs = np.zeros(cap.completion_ids.shape[0], dtype=np.float32)

@@ -1,0 +1,93 @@
+"""What the gateway's modules need from the gateway, as a protocol (no import of ``app``).
+
+The data-plane handlers, the commit path, the stream relay, the control plane and the tokens
+handler all take a :class:`GatewayPort`; :class:`~rollwire.gateway.app.Gateway` is the one
+implementation. Keeping the dependency on this protocol lets ``app`` import them without cycles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from rollwire.gateway.backends import BackendPool
+    from rollwire.gateway.config import GatewayConfig
+    from rollwire.gateway.metrics import GatewayMetrics
+    from rollwire.gateway.security import TokenSigner
+    from rollwire.gateway.sessions import SessionState
+    from rollwire.gateway.upstream import UpstreamPool
+    from rollwire.store import SessionRecord, Store
+
+__all__ = ["GatewayPort"]
+
+
+class GatewayPort(Protocol):
+    """The gateway's state and services, as its modules see them."""
+
+    config: GatewayConfig
+    store: Store
+    pool: BackendPool
+    metrics: GatewayMetrics
+    upstream: UpstreamPool
+    signer: TokenSigner
+    admin_key: str | None
+    policy_version: str | None
+    paused: bool
+    in_flight: int
+    sessions: OrderedDict[str, SessionState]
+    closing: set[str]
+    waiters: dict[str, asyncio.Event]
+    waiter_counts: dict[str, int]
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The pooled upstream HTTP client (exists between start-up and shutdown)."""
+        ...
+
+    @property
+    def started(self) -> bool:
+        """True between start-up and shutdown (while :attr:`http` exists)."""
+        ...
+
+    def new_call_id(self) -> str:
+        """A fresh call id."""
+        ...
+
+    def apply_sampling(
+        self, rec: SessionRecord, body: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[str]]:
+        """The session's sampling policy applied to ``body`` in place; (effective, flags)."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background; shutdown waits for it."""
+        ...
+
+    async def expire(self, rec: SessionRecord) -> SessionRecord:
+        """Give a running session past its TTL the status ``timeout``."""
+        ...
+
+    def issue_token(self, rec: SessionRecord) -> str:
+        """A signed data-plane token for the session."""
+        ...
+
+    def session_finished(self, rec: SessionRecord) -> None:
+        """Called when a session became terminal."""
+        ...
+
+    def pause(self) -> None:
+        """Hold new data-plane calls."""
+        ...
+
+    def resume(self) -> None:
+        """Let held and new calls through again."""
+        ...
+
+    async def drained(self, timeout: float | None = None) -> bool:
+        """Wait until no call is in flight; False on timeout."""
+        ...

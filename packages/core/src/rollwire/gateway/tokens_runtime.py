@@ -1,0 +1,180 @@
+"""Tokens mode's per-gateway runtime: which tokenizer a session renders with, loaded renderers,
+and what each backend says about itself (tokenizer, routing shape)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from rollwire.gateway.parsers import check_template_supported
+from rollwire.gateway.render import ChatRenderer, MissingTokensExtra
+from rollwire.gateway.tokens_backend import TOKEN_KINDS
+
+if TYPE_CHECKING:
+    from rollwire.gateway.backends import Backend
+    from rollwire.gateway.context import ChatContext
+    from rollwire.gateway.ports import GatewayPort
+
+__all__ = [
+    "BackendInfo",
+    "TokensRuntime",
+    "check_session",
+    "ctx_runtime",
+    "kind_refusal",
+    "runtime_of",
+    "tokenizer_source",
+]
+
+_RUNTIME_KEY = "tokens_runtime"
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a backend says about itself: its tokenizer and MoE routing shape (when it tells)."""
+
+    tokenizer: str | None
+    experts_shape: tuple[int, int] | None
+
+
+async def _fetch_json(http: aiohttp.ClientSession, url: str) -> Any:
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status == 200:
+                return await resp.json(content_type=None)
+    return None
+
+
+class TokensRuntime:
+    """Tokens-mode state shared by one gateway's sessions: loaded renderers (one per tokenizer)
+    and what each backend says about itself. Owned by the gateway (see :func:`runtime_of`)."""
+
+    def __init__(self) -> None:
+        self._renderers: dict[str, ChatRenderer] = {}
+        self._lock = threading.Lock()
+        self._backend_info: dict[str, BackendInfo] = {}
+
+    def load_renderer(self, tokenizer: str) -> ChatRenderer:
+        """A :class:`ChatRenderer` for a tokenizer folder, loaded once (blocking; thread-safe)."""
+        with self._lock:
+            renderer = self._renderers.get(tokenizer)
+            if renderer is None:
+                renderer = ChatRenderer.from_dir(tokenizer)
+                self._renderers[tokenizer] = renderer
+            return renderer
+
+    async def renderer(self, tokenizer: str) -> ChatRenderer:
+        """:meth:`load_renderer` without blocking the event loop on a first load."""
+        cached = self._renderers.get(tokenizer)
+        if cached is not None:
+            return cached
+        return await asyncio.to_thread(self.load_renderer, tokenizer)
+
+    async def describe(self, http: aiohttp.ClientSession, url: str) -> BackendInfo:
+        """Ask the backend at ``url`` for its tokenizer and routing shape (cached once answered)."""
+        info = self._backend_info.get(url)
+        if info is not None:
+            return info
+        tokenizer = None
+        shape = None
+        model_info = await _fetch_json(http, url + "/get_model_info")
+        if isinstance(model_info, dict):
+            tokenizer = model_info.get("tokenizer_path") or model_info.get("model_path")
+            layers, top_k = model_info.get("num_layers"), model_info.get("top_k")
+            if isinstance(layers, int) and isinstance(top_k, int):
+                shape = (layers, top_k)
+        if tokenizer is None:
+            models = await _fetch_json(http, url + "/v1/models")
+            data = models.get("data") if isinstance(models, dict) else None
+            if data:
+                tokenizer = data[0].get("root") or data[0].get("id")
+        info = BackendInfo(tokenizer=str(tokenizer) if tokenizer else None, experts_shape=shape)
+        if tokenizer or shape:  # an unreachable backend is asked again next time
+            self._backend_info[url] = info
+        return info
+
+
+def runtime_of(gateway: GatewayPort | None) -> TokensRuntime:
+    """The gateway's :class:`TokensRuntime`, created on first use; a fresh one without gateway.
+
+    Kept in the gateway instance's own attributes, so it lives and dies with that gateway (no
+    process-wide state: two gateways in one process share nothing).
+    """
+    if gateway is None:
+        return TokensRuntime()
+    attrs = vars(gateway)
+    runtime = attrs.get(_RUNTIME_KEY)
+    if not isinstance(runtime, TokensRuntime):
+        runtime = attrs[_RUNTIME_KEY] = TokensRuntime()
+    return runtime
+
+
+def ctx_runtime(ctx: ChatContext) -> TokensRuntime:
+    if ctx.gateway is not None:
+        return runtime_of(ctx.gateway)
+    # Outside a gateway (unit tests): per session, so a session's calls still share one renderer.
+    runtime = ctx.state.get(_RUNTIME_KEY)
+    if not isinstance(runtime, TokensRuntime):
+        runtime = ctx.state[_RUNTIME_KEY] = TokensRuntime()
+    return runtime
+
+
+def kind_refusal(backend: Backend) -> str:
+    return (
+        f"capture='tokens' needs a token-in backend (vllm or sglang); backend "
+        f"{backend.name!r} at {backend.url} is kind {backend.kind!r}. Register the server with "
+        "kind='vllm' or 'sglang', or create the session with capture='passthrough'"
+    )
+
+
+async def check_session(
+    metadata: Mapping[str, Any] | None,
+    backend: Backend | None,
+    *,
+    gateway: GatewayPort | None = None,
+) -> None:
+    """Check, when a ``capture="tokens"`` session is created, that its calls can be served.
+
+    Resolves the tokenizer and chat template exactly as a request would (``metadata["tokenizer"]``,
+    ``$ROLLWIRE_TOKENIZER``, what ``backend`` advertises) and raises ``ValueError`` saying what to
+    do when none is found, it cannot be loaded, ``backend`` is not token-in, or no tool-call parser
+    matches the template. Pass ``gateway`` to reuse its HTTP client and renderer cache.
+    """
+    if backend is not None and backend.kind not in TOKEN_KINDS:
+        raise ValueError(kind_refusal(backend))
+    runtime = runtime_of(gateway)
+    info = BackendInfo(None, None)
+    if backend is not None:
+        if gateway is not None:
+            info = await runtime.describe(gateway.http, backend.url)
+        else:
+            async with aiohttp.ClientSession() as http:
+                info = await runtime.describe(http, backend.url)
+    try:
+        source = tokenizer_source(metadata, info, backend.url if backend else None)
+        renderer = await runtime.renderer(source)
+    except LookupError as exc:
+        raise ValueError(str(exc)) from exc
+    except MissingTokensExtra as exc:
+        raise ValueError(str(exc)) from exc
+    check_template_supported(renderer, tools=True)
+
+
+def tokenizer_source(
+    metadata: Mapping[str, Any] | None, info: BackendInfo, backend_url: str | None
+) -> str:
+    meta = metadata or {}
+    for candidate in (meta.get("tokenizer"), os.environ.get("ROLLWIRE_TOKENIZER"), info.tokenizer):
+        if candidate:
+            return str(candidate)
+    where = f"backend {backend_url} does not name one" if backend_url else "no backend names one"
+    raise LookupError(
+        f"capture='tokens' needs the model's tokenizer and {where}: create the session with "
+        "metadata={'tokenizer': '/path/to/hf/folder'} or set ROLLWIRE_TOKENIZER"
+    )
