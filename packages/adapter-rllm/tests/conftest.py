@@ -9,6 +9,8 @@ Written from the field lists of rLLM 0.3.0.pre: ``rllm.types`` ``Step`` / ``Traj
 
 from __future__ import annotations
 
+import base64
+import json
 import sys
 import types
 import uuid
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -72,10 +75,6 @@ class Step(BaseModel):
     def model_post_init(self, context: Any, /) -> None:
         if self.logprobs and len(self.logprobs) != len(self.response_ids):
             raise ValueError("length mismatch between response_ids and logprobs")
-        if self.routing_matrices is not None and len(self.routing_matrices) != len(
-            self.response_ids
-        ):
-            raise ValueError("routing_matrices must have one entry per response token")
 
 
 class Trajectory(BaseModel):
@@ -107,6 +106,74 @@ class Episode(BaseModel):
     @property
     def rollout_idx(self) -> str:
         return self.id.split(":")[1]
+
+
+def verl_decode_routing(encoded: Any) -> np.ndarray | None:
+    """rLLM's verl-backend read of ``Step.routing_matrices``: a ``[header_json, base64]`` pair.
+
+    Anything not of length 2 is ignored (None); a header that is not a mapping fails as rLLM's
+    does (a per-token list of exactly two entries gives ``TypeError``).
+    """
+    if not encoded or len(encoded) != 2:
+        return None
+    header = json.loads(encoded[0])
+    layers, top_k = header["shape"]
+    arr = np.frombuffer(base64.b64decode(encoded[1]), dtype=np.dtype(header["dtype"]))
+    return arr.reshape(-1, layers, top_k)
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name)
+
+
+def verl_segments(episode: Any) -> list[dict[str, Any]]:
+    """rLLM's verl transform of one Episode: prefix-extending steps merged into one segment.
+
+    A segment keeps its first step's prompt; its response is each action plus the observation
+    tokens between; its routing is that of the last step with routing (which covers the whole
+    cumulative sequence). An Episode with no trajectory contributes nothing.
+    """
+    out: list[dict[str, Any]] = []
+    for traj in _get(episode, "trajectories") or []:
+        seg: dict[str, Any] | None = None
+        for step in _get(traj, "steps"):
+            prompt, action = list(_get(step, "prompt_ids")), list(_get(step, "response_ids"))
+            routing = _get(step, "routing_matrices")
+            if seg is not None and prompt[: len(seg["full"])] == seg["full"]:
+                obs = prompt[len(seg["full"]) :]
+                seg["response"] += obs + action
+                seg["mask"] += [0] * len(obs) + [1] * len(action)
+                seg["full"] += obs + action
+                seg["routing"] = routing if routing is not None else seg["routing"]
+                continue
+            if seg is not None:
+                out.append(seg)
+            seg = {
+                "prompt": prompt,
+                "response": action,
+                "mask": [1] * len(action),
+                "full": prompt + action,
+                "routing": routing,
+            }
+        if seg is not None:
+            out.append(seg)
+    return out
+
+
+def verl_routed_experts(segments: list[dict[str, Any]], max_prompt: int, max_response: int) -> Any:
+    """The ``routed_experts`` tensor rLLM's verl transform adds: only when *every* segment has
+    routing, each placed from the first prompt column of its row, zeros elsewhere."""
+    decoded = [verl_decode_routing(s["routing"]) for s in segments]
+    if not decoded or any(d is None for d in decoded):
+        return None
+    _, layers, top_k = decoded[0].shape  # type: ignore[union-attr]
+    out = np.zeros((len(segments), max_prompt + max_response, layers, top_k), np.int16)
+    for i, (seg, r) in enumerate(zip(segments, decoded)):
+        assert r is not None
+        start = max_prompt - min(len(seg["prompt"]), max_prompt)
+        end = min(start + r.shape[0], max_prompt + max_response)
+        out[i, start:end] = r[: end - start]
+    return out
 
 
 @pytest.fixture

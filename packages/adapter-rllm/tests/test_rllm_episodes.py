@@ -27,7 +27,7 @@ from rollwire.testing import (
     single_turn_rollout,
 )
 from rollwire.testing.samples import LAYERS, TOP_K
-from rollwire_rllm import decode_routing_matrix, episode_rows, to_episode_dicts
+from rollwire_rllm import decode_routing_matrix, decode_verl_routing, episode_rows, to_episode_dicts
 
 EPISODE_KEYS = {"id", "task", "termination_reason", "is_correct", "trajectories", "metrics", "info"}
 TRAJECTORY_KEYS = {"uid", "name", "task", "steps", "reward", "info"}
@@ -69,9 +69,7 @@ MODEL_OUTPUT_KEYS = {
 
 
 class TestRllmConformance(TrainerAdapterConformance):
-    # rLLM's Step.routing_matrices hold only the forward passes that sampled completion tokens
-    # (what its R3 trainer replays), so a row's prompt routing is not representable; the
-    # per-token matrices are checked in test_moe_routing_matrices_per_token instead.
+    # flatten rebuilds rows from steps' ids; routing is checked per format in test_rllm_routing.
     exports_routed_experts = False
 
     @pytest.fixture
@@ -167,9 +165,9 @@ def test_failed_rollout() -> None:
     assert episode_rows(ep) == []
 
 
-def test_moe_routing_matrices_per_token() -> None:
+def test_moe_routing_matrices_per_token_in_tinker_form() -> None:
     rollout = moe_rollout("moe")
-    ep = _episode(rollout)
+    (ep,) = to_episode_dicts([rollout], routing_format="tinker")
     for step, call in zip(ep["trajectories"][0]["steps"], rollout.calls):
         matrices = step["routing_matrices"]
         assert matrices == step["model_output"]["routing_matrices"]
@@ -307,7 +305,8 @@ def test_to_episodes_end_to_end(rllm_types: Any) -> None:
         assert isinstance(step, rllm_types.Step)
         assert isinstance(step.model_output, rllm_types.ModelOutput)
         assert step.routing_matrices is not None
-        assert len(step.routing_matrices) == len(step.response_ids)
+        experts = decode_verl_routing(step.routing_matrices)  # the default: rLLM's verl form
+        assert experts.shape == (len(step.prompt_ids) + len(step.response_ids) - 1, LAYERS, TOP_K)
     # the adapter reads the native objects back into the same rows as the dict form
     flat = rollwire_rllm.adapter.flatten(episodes)
     flat_dicts = rollwire_rllm.adapter.flatten(to_episode_dicts(sample_batch()))
@@ -349,7 +348,7 @@ def test_a_field_the_installed_rllm_lacks_is_a_warning() -> None:
 
 @pytest.mark.parametrize("width", range(1, 8))
 def test_routing_entries_are_standard_base64_per_token(width: int) -> None:
-    from rollwire_rllm.episodes import _b64_rows
+    from rollwire_rllm.routing import _b64_rows
 
     rows = np.random.default_rng(width).integers(0, 256, (5, width)).astype(np.uint8)
     expected = [base64.b64encode(r.tobytes()).decode() for r in rows]

@@ -15,7 +15,7 @@ from rollwire.agent.app import RolloutApp
 from rollwire.agent.context import async_openai_client
 from rollwire.engine.server import EmbeddedEngine
 from rollwire.gateway import RunningGateway, serve_in_thread
-from rollwire_rllm import RollwireAgentFlow, decode_routing_matrix, episode_rows, rllm_task
+from rollwire_rllm import RollwireAgentFlow, decode_verl_routing, episode_rows, rllm_task
 
 
 @dataclass
@@ -85,11 +85,10 @@ async def test_arun_builds_the_episode_from_captured_calls(gateway: RunningGatew
         assert step["prompt_ids"] == call.prompt_ids.tolist()
         assert step["response_ids"] == call.completion_ids.tolist()
         np.testing.assert_allclose(step["logprobs"], call.logprobs, atol=1e-6)
-        assert len(step["routing_matrices"]) == len(step["response_ids"])
         assert call.routed_experts is not None
-        p = len(step["prompt_ids"])
+        # rLLM's verl form: the step's whole routing, prompt and response, in one blob
         np.testing.assert_array_equal(
-            decode_routing_matrix(step["routing_matrices"][0]), call.routed_experts[p - 1]
+            decode_verl_routing(step["routing_matrices"]), call.routed_experts
         )
         assert step["chat_completions"][-1]["role"] == "assistant"
     (row,) = episode_rows(ep)  # the second call extends the first: one merged row

@@ -14,14 +14,17 @@ from rollwire_rllm.episodes import (
     to_episodes,
 )
 from rollwire_rllm.flow import RollwireAgentFlow, rllm_task
+from rollwire_rllm.routing import decode_verl_routing, routing_matrices
 
 __all__ = [
     "RllmAdapter",
     "RollwireAgentFlow",
     "adapter",
     "decode_routing_matrix",
+    "decode_verl_routing",
     "episode_rows",
     "rllm_task",
+    "routing_matrices",
     "termination_reason",
     "to_episode_dicts",
     "to_episodes",

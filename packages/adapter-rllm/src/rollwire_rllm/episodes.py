@@ -9,9 +9,7 @@ captured call with exactly the captured ids — rLLM merges prefix-extending ste
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -20,6 +18,12 @@ import numpy as np
 
 from rollwire.data.protocol import Group, ModelCall, Rollout, Row, group_rollouts
 from rollwire.data.trajectory import SUPERSEDED_FLAG, BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire_rllm.routing import (
+    ROUTING_FORMATS,
+    RoutingFormat,
+    decode_routing_matrix,
+    routing_matrices,
+)
 
 __all__ = [
     "decode_routing_matrix",
@@ -71,55 +75,6 @@ def _is_correct(rollout: Rollout, reward: float) -> bool:
     return reward > 0
 
 
-def routing_matrices(call: ModelCall) -> list[str] | None:
-    """Per completion token, the ``[layers, top_k]`` experts of the forward pass that sampled it.
-
-    This is the form rLLM's R3 trainer reads (``Step.routing_matrices``: one string per
-    ``response_ids`` entry, as its Tinker/Fireworks path builds it). Token j of the completion was
-    produced by feeding position ``len(prompt) + j - 1``, so its matrix is
-    ``routed_experts[len(prompt) + j - 1]``. Each entry is a compact JSON string
-    ``[{"shape":[L,K],"dtype":"int16"},"<base64 of the little-endian bytes>"]``.
-    """
-    experts = call.routed_experts
-    p, n = call.prompt_ids.shape[0], call.completion_ids.shape[0]
-    if experts is None or n == 0:
-        return None
-    if experts.ndim != 3 or experts.shape[0] != p + n - 1 or p == 0:
-        raise ValueError(
-            f"call {call.call_id}: routed experts have shape {tuple(experts.shape)}, expected "
-            f"[len(prompt) + len(completion) - 1 = {p + n - 1}, layers, top_k]"
-        )
-    block = np.ascontiguousarray(experts[p - 1 : p - 1 + n], dtype="<i2")
-    header = json.dumps({"shape": list(block.shape[1:]), "dtype": "int16"}, separators=(",", ":"))
-    encoded = _b64_rows(block.reshape(n, -1).view(np.uint8))
-    return np.char.add(np.char.add(f'[{header},"', encoded), '"]').tolist()
-
-
-def _b64_rows(rows: np.ndarray) -> np.ndarray:
-    """Standard base64 of each row of a ``[n, width]`` uint8 array, in one pass (no per-row loop)."""
-    n, width = rows.shape
-    pad = -width % 3
-    if pad:
-        rows = np.concatenate([rows, np.zeros((n, pad), np.uint8)], axis=1)
-    # rows padded to whole 3-byte groups encode independently of each other
-    chars = np.frombuffer(base64.b64encode(rows.tobytes()), dtype=np.uint8).reshape(n, -1).copy()
-    if pad:
-        chars[:, -pad:] = ord("=")
-    return chars.view(f"S{chars.shape[1]}").ravel().astype(str)
-
-
-def decode_routing_matrix(entry: str) -> np.ndarray:
-    """Inverse of one :func:`routing_matrices` entry: the ``[layers, top_k]`` int16 array."""
-    try:
-        header, b64 = json.loads(entry)
-        arr = np.frombuffer(
-            base64.b64decode(b64), dtype=np.dtype(header["dtype"]).newbyteorder("<")
-        )
-        return arr.reshape(header["shape"]).astype(np.int16)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"not a rollwire routing matrix entry: {entry[:80]!r}") from exc
-
-
 def _weight_version(version: str | None) -> int | None:
     # rLLM types weight_version as int; rollwire's policy versions are strings ("7", "step-7")
     if version is None:
@@ -151,6 +106,7 @@ def _step_dict(
     last: bool,
     reward: float,
     tokenizer: TokenizerLike | None,
+    routing_format: RoutingFormat = "verl",
 ) -> dict[str, Any]:
     request_messages = call.request.get("messages")
     messages = list(request_messages) if isinstance(request_messages, list) else []
@@ -162,7 +118,7 @@ def _step_dict(
     prompt_ids = call.prompt_ids.tolist()
     completion_ids = call.completion_ids.tolist()
     logprobs = call.logprobs.astype(np.float64).tolist()
-    matrices = routing_matrices(call)
+    matrices = routing_matrices(call, routing_format)
     version = _weight_version(call.policy_version)
     row = row_of_call.get(call.call_id)
     model_output = {
@@ -240,14 +196,19 @@ def rollout_episode_dict(
     trajectory_name: str = "agent",
     failure_reward: float = 0.0,
     mode: BuildMode = "merge",
+    routing_format: RoutingFormat = "verl",
 ) -> dict[str, Any]:
     """The Episode dict of one rollout: one Trajectory, one Step per trainable captured call.
 
     rLLM trains every step it is given (a Step has no loss mask), so calls rollwire would keep
     only as context are left out: failed calls, calls superseded by an agent retry, and
     non-trainable or off-policy calls (guided decoding, ``logit_bias``, ``n > 1``). Their ids go
-    into ``info["rollwire"]["left_out_calls"]``.
+    into ``info["rollwire"]["left_out_calls"]``. ``routing_format``: how ``Step.routing_matrices``
+    is written (:mod:`rollwire_rllm.routing`; ``"verl"`` for rLLM's verl backend, ``"tinker"``
+    for its Tinker/Fireworks path).
     """
+    if routing_format not in ROUTING_FORMATS:
+        raise ValueError(f"routing_format must be one of {ROUTING_FORMATS}, got {routing_format!r}")
     calls = sorted((c for c in rollout.calls if _trainable(c)), key=lambda c: c.index)
     left_out = [c.call_id for c in rollout.calls if c.status == "ok" and not _trainable(c)]
     rows = TrajectoryBuilder(mode, tokenizer).build(rollout)
@@ -260,6 +221,7 @@ def rollout_episode_dict(
             last=i == len(calls) - 1,
             reward=reward,
             tokenizer=tokenizer,
+            routing_format=routing_format,
         )
         for i, call in enumerate(calls)
     ]
@@ -280,6 +242,7 @@ def rollout_episode_dict(
             "left_out_calls": left_out,
             "capture": rollout.capture,
             "mode": mode,
+            "routing_format": routing_format,
         }
     }
     trains = rollout.status == "completed"
@@ -315,8 +278,14 @@ def to_episode_dicts(
     trajectory_name: str = "agent",
     failure_reward: float = 0.0,
     mode: BuildMode = "merge",
+    routing_format: RoutingFormat = "verl",
 ) -> list[dict[str, Any]]:
-    """The batch as rLLM Episode dicts, group by group; ``rollout_idx`` is the position in the group."""
+    """The batch as rLLM Episode dicts, group by group; ``rollout_idx`` is the position in the group.
+
+    ``routing_format``: ``"verl"`` (default: ``[header_json, base64_blob]`` per step, what rLLM's
+    verl backend reads) or ``"tinker"`` (one entry per completion token); see
+    :mod:`rollwire_rllm.routing`.
+    """
     out: list[dict[str, Any]] = []
     for group in group_rollouts(batch):
         for idx, rollout in enumerate(group.rollouts):
@@ -331,6 +300,7 @@ def to_episode_dicts(
                     trajectory_name=trajectory_name,
                     failure_reward=failure_reward,
                     mode=mode,
+                    routing_format=routing_format,
                 )
             )
     if not out:

@@ -25,6 +25,7 @@ from rollwire_rllm.episodes import (
     import_rllm,
     rollout_episode_dict,
 )
+from rollwire_rllm.routing import RoutingFormat
 
 __all__ = ["RollwireAgentFlow", "rllm_task"]
 
@@ -68,6 +69,8 @@ class RollwireAgentFlow:
     ``sampling``: defaults for every rollout; rLLM's ``config.sampling_params`` (its train or
     validation block) override them per rollout.
     ``native``: return rLLM objects (default: when rLLM is importable) or the dict form.
+    ``routing_format``: ``Step.routing_matrices`` for rLLM's verl backend (``"verl"``, default) or
+    its Tinker/Fireworks path (``"tinker"``); see :mod:`rollwire_rllm.routing`.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class RollwireAgentFlow:
         tokenizer: TokenizerLike | None = None,
         native: bool | None = None,
         gateway_options: Mapping[str, Any] | None = None,
+        routing_format: RoutingFormat = "verl",
     ) -> None:
         if runner.partition(":")[0] == "local" and agent is None:
             raise ValueError(
@@ -111,6 +115,7 @@ class RollwireAgentFlow:
         self.mode: BuildMode = mode
         self.tokenizer = tokenizer
         self.native = native
+        self.routing_format: RoutingFormat = routing_format
         self.gateway_options = dict(gateway_options or {})
         self._lock = threading.Lock()
         self._embedded: Any = None
@@ -178,6 +183,7 @@ class RollwireAgentFlow:
             trajectory_name=self.trajectory_name,
             failure_reward=self.failure_reward,
             mode=self.mode,
+            routing_format=self.routing_format,
         )
         data["info"][INFO_KEY]["is_validation"] = bool(getattr(config, "is_validation", False))
         native = self.native
