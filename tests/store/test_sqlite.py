@@ -67,7 +67,71 @@ async def test_missing_tools_blob_is_an_error_not_an_empty_list(tmp_path: Path) 
         await store.close()
 
 
-def test_redis_url_says_only_sqlite_exists() -> None:
-    with pytest.raises(ValueError, match="only the SQLite store") as exc:
-        open_store("redis://localhost:6379")
-    assert "pip install" not in str(exc.value)
+async def test_wal_stays_bounded_under_steady_load(tmp_path: Path) -> None:
+    # Appends and reads without pause: the WAL file stays a small fraction of what was
+    # written (PASSIVE checkpoints, a non-blocking TRUNCATE when over the limit, and
+    # journal_size_limit), and is back under its limit once the load stops.
+    import asyncio
+    import time
+
+    limit = 128 * 1024
+    path = tmp_path / "w.db"
+    store = SQLiteStore(str(path), checkpoint_interval=0.02, wal_limit_bytes=limit)
+    wal = Path(str(path) + "-wal")
+    sizes: list[int] = []
+
+    def size(p: Path) -> int:
+        return p.stat().st_size if p.exists() else 0
+
+    try:
+        sids = [f"s{i}" for i in range(8)]
+        for sid in sids:
+            await store.create_session(SessionRecord(session_id=sid))
+
+        async def agent(sid: str) -> None:
+            for i in range(150):
+                # No shared prefix: every call stores its whole prompt (~8 KB).
+                prompt = [i, *range(2000)]
+                await store.append_call(make_call(sid, prompt, list(range(i, i + 100))))
+                if i % 5 == 0:
+                    await store.calls(sid)
+                    sizes.append(size(wal))
+
+        await asyncio.gather(*(agent(s) for s in sids))
+        db_bytes = size(path)
+        deadline = time.monotonic() + 5.0
+        while size(wal) > limit and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # no event tells when the checkpointer ran
+        after = size(wal)
+    finally:
+        await store.close()
+    assert db_bytes > 60 * limit, db_bytes  # far more was written than the limit
+    assert max(sizes) < db_bytes / 2, (max(sizes), db_bytes)  # unbounded: ~db_bytes
+    assert after <= limit, after
+
+
+async def test_full_disk_is_store_unavailable(tmp_path: Path) -> None:
+    import sqlite3
+
+    from rollwire.store import StoreUnavailable
+
+    path = tmp_path / "full.db"
+    store = SQLiteStore(str(path))
+    await store.create_session(SessionRecord(session_id="s"))
+    await store.append_call(make_call("s", [1], [2]))
+    await store.close()
+    conn = sqlite3.connect(path)
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.close()
+    store = SQLiteStore(str(path))
+    try:
+        # Cap the file at its current size on the writer's connection: the next big write is
+        # SQLITE_FULL ("database or disk is full"), as on a full disk.
+        await store._db.submit(lambda c: c.execute(f"PRAGMA max_page_count={pages + 1}"))
+        with pytest.raises(StoreUnavailable, match="cannot take writes"):
+            await store.append_call(make_call("s", [1, 2], list(range(50_000))))
+        rec = await store.get_session("s")
+        assert rec is not None and rec.num_calls == 1
+        assert len(await store.calls("s")) == 1
+    finally:
+        await store.close()

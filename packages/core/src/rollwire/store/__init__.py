@@ -1,9 +1,13 @@
 """Where captured calls live: the :class:`Store` protocol and its backends.
 
-``open_store("sqlite:PATH")`` or ``open_store("sqlite::memory:")`` gives the embedded SQLite store.
+``open_store("sqlite:PATH")`` or ``open_store("sqlite::memory:")`` gives the embedded SQLite store;
+``open_store("redis://host:port/db")`` the shared Redis store (extra ``rollwire[redis]``), which
+several gateway processes can use at once.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from rollwire.store.base import (
     CompletionConflict,
@@ -12,23 +16,39 @@ from rollwire.store.base import (
     SessionNotFound,
     SessionRecord,
     Store,
+    StoreUnavailable,
 )
 from rollwire.store.sqlite import SQLiteStore
 
+if TYPE_CHECKING:
+    from rollwire.store.redis import RedisStore
+
 __all__ = [
     "CompletionConflict",
+    "RedisStore",
     "SQLiteStore",
     "SessionClosed",
     "SessionExists",
     "SessionNotFound",
     "SessionRecord",
     "Store",
+    "StoreUnavailable",
     "open_store",
 ]
 
 
+def __getattr__(name: str) -> Any:
+    if name == "RedisStore":  # imported on use: redis is an optional dependency
+        from rollwire.store.redis import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module 'rollwire.store' has no attribute {name!r}")
+
+
 def open_store(url: str | Store) -> Store:
-    """A store from a URL: ``sqlite:PATH`` or ``sqlite::memory:`` (a Store passes through)."""
+    """A store from a URL: ``sqlite:PATH``, ``sqlite::memory:``, or ``redis://host:port/db``
+    (``rediss://`` for TLS, ``unix://`` for a socket; ``?prefix=NAME:`` sets the key prefix).
+    A Store passes through."""
     if not isinstance(url, str):
         return url
     if url.startswith("sqlite:"):
@@ -36,10 +56,16 @@ def open_store(url: str | Store) -> Store:
         if path.startswith("//"):
             path = path[2:]
         return SQLiteStore(path or ":memory:")
-    if url.startswith(("redis:", "rediss:")):
-        raise ValueError(
-            f"store {url!r}: only the SQLite store exists in this version of rollwire; use "
-            "'sqlite:PATH' (the 'redis' extra is reserved for a later shared backend and does "
-            "not add one today)"
-        )
-    raise ValueError(f"unknown store {url!r}: use 'sqlite:PATH' or 'sqlite::memory:'")
+    if url.startswith(("redis:", "rediss:", "unix:")):
+        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        from rollwire.store.redis import RedisStore
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        prefix = query.pop("prefix", "rollwire:")
+        rest = urlunsplit(parts._replace(query=urlencode(query)))
+        return RedisStore(rest, prefix=prefix)
+    raise ValueError(
+        f"unknown store {url!r}: use 'sqlite:PATH', 'sqlite::memory:' or 'redis://host:port/db'"
+    )

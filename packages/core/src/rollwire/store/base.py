@@ -6,6 +6,7 @@ after that). Prompts and messages are stored as deltas against earlier calls (DE
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -19,6 +20,7 @@ __all__ = [
     "SessionNotFound",
     "SessionRecord",
     "Store",
+    "StoreUnavailable",
 ]
 
 
@@ -32,6 +34,11 @@ class SessionClosed(ValueError):
 
 class SessionExists(ValueError):
     """A session with that id exists already."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot take or give data right now (server down, disk full): nothing was
+    recorded. The gateway answers 503; the caller may retry later."""
 
 
 class CompletionConflict(ValueError):
@@ -66,6 +73,9 @@ class SessionRecord:
     completed_at: float | None = None
     num_calls: int = 0
     num_tokens: int = 0
+    # Which creation of this session id the record is: a session deleted and created again
+    # with the same id is another incarnation (tokens of the old one must not work for it).
+    incarnation: str = field(default_factory=lambda: secrets.token_hex(8))
 
     @property
     def terminal(self) -> bool:
@@ -119,20 +129,29 @@ class Store(Protocol):
         group_id: str | None = None,
         status: str | None = None,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[SessionRecord]:
-        """Sessions, oldest first, optionally filtered by group and/or status."""
+        """Sessions, oldest first, optionally filtered by group and/or status; ``offset`` and
+        ``limit`` page through them."""
         ...
 
     async def delete_session(self, session_id: str) -> bool:
         """Remove a session and its calls; False when there was none."""
         ...
 
-    async def append_call(self, call: ModelCall) -> ModelCall:
+    async def append_call(self, call: ModelCall, *, request_key: str | None = None) -> ModelCall:
         """Store ``call`` durably; assigns ``index``, ``parent_call_id``, ``shared_prefix_len``.
 
         Also adds the call to the session's ``num_calls`` and its completion tokens to
         ``num_tokens``. Raises :class:`SessionNotFound` for an unknown session and
         :class:`SessionClosed` for a terminal one (nothing is stored then).
+
+        Retries are matched in the same commit: with ``request_key`` (a digest of the request
+        body as received, :func:`rollwire.store.codec.request_key`) a call with
+        ``retry_count > 0`` gets ``retry_of`` = the latest earlier call of the session with that
+        key, when it has none; a successful retry marks its original superseded (non-trainable),
+        and an original that lands after its successful, unmatched retry is stored superseded.
+        The call's ``retry_of``, ``trainable`` and ``flags`` say what was decided.
         """
         ...
 
@@ -158,6 +177,19 @@ class Store(Protocol):
         Completing again with the same outcome is a no-op (``changed`` False); a different
         outcome raises :class:`CompletionConflict`.
         """
+        ...
+
+    async def get_setting(self, name: str) -> Any:
+        """A setting shared by every gateway on this store (a JSON value), or None when unset
+        or expired: the pause state, the policy version, sticky backends."""
+        ...
+
+    async def set_setting(self, name: str, value: Any, *, ttl: float | None = None) -> None:
+        """Set a shared setting (``None`` removes it), optionally expiring after ``ttl`` s."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise :class:`StoreUnavailable` when the store cannot be reached."""
         ...
 
     async def close(self) -> None:

@@ -7,13 +7,18 @@ can close and reopen it)::
     class TestSQLiteStore(StoreConformance):
         @pytest.fixture
         def store_factory(self, tmp_path): return lambda: SQLiteStore(str(tmp_path / "s.db"))
+
+The ``redis_server`` fixture (import it into a ``conftest.py``) starts a throwaway
+``redis-server`` for the test session; without one installed its tests are skipped, unless
+``ROLLWIRE_REQUIRE_REDIS=1`` (CI) makes that an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,8 +33,21 @@ from rollwire.store.base import (
     SessionRecord,
     Store,
 )
+from rollwire.store.codec import request_key
+from rollwire.testing.redis_server import RedisServer, redis_server_binary
 
-__all__ = ["StoreConformance"]
+__all__ = ["StoreConformance", "make_call", "redis_server"]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A ``redis-server`` on a free loopback port for the whole test session, always stopped."""
+    if redis_server_binary() is None:
+        if os.environ.get("ROLLWIRE_REQUIRE_REDIS") == "1":
+            raise RuntimeError("ROLLWIRE_REQUIRE_REDIS=1 but redis-server is not installed")
+        pytest.skip("redis-server not installed (apt-get install redis-server)")
+    with RedisServer() as server:
+        yield server
 
 
 def _sid() -> str:
@@ -344,3 +362,121 @@ class StoreConformance:
             assert [c.index for c in calls] == list(range(25))
             rec = await store.get_session(sid)
             assert rec is not None and rec.num_calls == 25 and rec.num_tokens == 50
+
+    async def test_retry_matched_by_request_key(self, store: Store) -> None:
+        sid = _sid()
+        await store.create_session(SessionRecord(session_id=sid))
+        key = request_key(b'{"messages": [1]}')
+        original = await store.append_call(make_call(sid, [1, 2], [3]), request_key=key)
+        retry = await store.append_call(make_call(sid, [1, 2], [4], retry_count=1), request_key=key)
+        assert retry.retry_of == original.call_id and retry.trainable
+        # The same body again without a retry header is a new call, not a retry.
+        again = await store.append_call(make_call(sid, [1, 2], [5]), request_key=key)
+        assert again.retry_of is None and again.trainable
+        # A failed retry links to its original but leaves it trainable.
+        failed = await store.append_call(
+            make_call(sid, [1, 2], [], retry_count=1, status="failed", trainable=False),
+            request_key=key,
+        )
+        assert failed.retry_of == again.call_id
+        # A retry that lands before its original: the original is the spare copy.
+        late = request_key(b"late")
+        first = await store.append_call(make_call(sid, [7], [8], retry_count=2), request_key=late)
+        assert first.retry_of is None and first.trainable
+        orig = await store.append_call(make_call(sid, [7], [9]), request_key=late)
+        assert not orig.trainable and "superseded_by_retry" in orig.flags
+        got = {c.call_id: c for c in await store.calls(sid)}
+        assert not got[original.call_id].trainable
+        assert "superseded_by_retry" in got[original.call_id].flags
+        assert got[retry.call_id].trainable and got[retry.call_id].retry_of == original.call_id
+        assert got[again.call_id].trainable
+        assert got[failed.call_id].retry_of == again.call_id
+        assert got[first.call_id].trainable
+        assert not got[orig.call_id].trainable
+        assert "superseded_by_retry" in got[orig.call_id].flags
+        trainable = [c.call_id for c in got.values() if c.trainable]
+        assert trainable == [retry.call_id, again.call_id, first.call_id]
+
+    async def test_retry_matched_after_reopen(self, store_factory: Callable[[], Store]) -> None:
+        # The old process stored the call but never answered; the agent's SDK retries it to
+        # the new process: one trainable copy, not two.
+        sid = _sid()
+        key = request_key(b"body")
+        first = store_factory()
+        await first.create_session(SessionRecord(session_id=sid))
+        original = await first.append_call(make_call(sid, [1, 2], [3]), request_key=key)
+        await first.close()
+        second = store_factory()
+        try:
+            retry = await second.append_call(
+                make_call(sid, [1, 2], [4], retry_count=1), request_key=key
+            )
+            assert retry.retry_of == original.call_id
+            a, b = await second.calls(sid)
+            assert not a.trainable and b.trainable
+        finally:
+            await second.close()
+
+    async def test_settings(self, store_factory: Callable[[], Store]) -> None:
+        name = "test-" + _sid()
+        first = store_factory()
+        assert await first.get_setting(name) is None
+        await first.set_setting(name, {"paused": True, "n": 2})
+        await first.set_setting(name + "-v", "v7")
+        await first.set_setting(name + "-gone", 1)
+        await first.set_setting(name + "-gone", None)
+        await first.set_setting(name + "-ttl", "b1", ttl=300.0)
+        await first.close()
+        second = store_factory()
+        try:
+            assert await second.get_setting(name) == {"paused": True, "n": 2}
+            assert await second.get_setting(name + "-v") == "v7"
+            assert await second.get_setting(name + "-gone") is None
+            assert await second.get_setting(name + "-ttl") == "b1"
+            await second.set_setting(name + "-short", 1, ttl=0.05)
+            await asyncio.sleep(0.15)  # no event marks a TTL passing
+            assert await second.get_setting(name + "-short") is None
+            await second.ping()
+        finally:
+            await second.close()
+
+    async def test_list_pages(self, store: Store) -> None:
+        group = _sid()
+        sids = [_sid() for _ in range(7)]
+        for i, sid in enumerate(sids):
+            await store.create_session(
+                SessionRecord(session_id=sid, group_id=group, created_at=2000.0 + i)
+            )
+        pages = [
+            [r.session_id for r in await store.list_sessions(group_id=group, limit=3, offset=o)]
+            for o in (0, 3, 6, 9)
+        ]
+        assert pages == [sids[:3], sids[3:6], sids[6:], []]
+        await store.complete(sids[0], reward=1.0)
+        running = await store.list_sessions(group_id=group, status="running", limit=2, offset=1)
+        assert [r.session_id for r in running] == sids[2:4]
+
+    async def test_complete_needs_a_terminal_status(self, store: Store) -> None:
+        sid = _sid()
+        await store.create_session(SessionRecord(session_id=sid))
+        with pytest.raises(ValueError, match="terminal"):
+            await store.complete(sid, status="running")
+        rec = await store.get_session(sid)
+        assert rec is not None and rec.status == "running"
+
+    async def test_recreated_session_starts_over(self, store: Store) -> None:
+        sid = _sid()
+        old = SessionRecord(session_id=sid)
+        await store.create_session(old)
+        first = await store.append_call(make_call(sid, list(range(20)), [1, 2]))
+        assert await store.delete_session(sid)
+        new = SessionRecord(session_id=sid)
+        assert new.incarnation != old.incarnation
+        await store.create_session(new)
+        c = await store.append_call(make_call(sid, [*range(20), 1, 2, 3], [4]))
+        assert c.index == 0 and c.parent_call_id is None and c.shared_prefix_len == 0
+        (got,) = await store.calls(sid)
+        assert got.call_id == c.call_id and got.call_id != first.call_id
+        np.testing.assert_array_equal(got.prompt_ids, c.prompt_ids)
+        rec = await store.get_session(sid)
+        assert rec is not None and rec.incarnation == new.incarnation and rec.num_calls == 1

@@ -1,0 +1,282 @@
+"""The SQLite store's connections: one writer thread committing one batch per event-loop tick,
+pooled readers, and WAL checkpoints on their own thread.
+
+Writes from the event loop are queued; once per loop tick the pending ones go to the writer thread,
+which runs everything queued in one transaction (a failure reruns each operation alone, so one bad
+write fails alone) and resolves the callers' futures after ``COMMIT``. Reads use separate
+connections on a small thread pool, so they never wait for the writer.
+
+The WAL stays bounded without blocking a request: the checkpoint thread runs ``PASSIVE``
+checkpoints (they never wait for the writer or readers), and ``journal_size_limit`` makes SQLite
+truncate the WAL file each time the writer restarts it after a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from rollwire.store.base import StoreUnavailable
+
+__all__ = ["SQLiteConnections", "WriteBatch"]
+
+T = TypeVar("T")
+Op = Callable[[sqlite3.Connection], Any]
+_OUTAGE_MESSAGES = ("disk is full", "disk i/o error", "unable to open", "readonly database")
+
+
+class WriteBatch:
+    """Hooks the store runs around each batch transaction on the writer thread."""
+
+    def begin(self) -> None:
+        """Called before the operations of a transaction run."""
+
+    def before_commit(self, conn: sqlite3.Connection) -> None:
+        """Last statements of the transaction (raising rolls it back)."""
+
+    def rolled_back(self) -> None:
+        """The transaction was rolled back: forget in-memory state it changed."""
+
+
+def unavailable(path: str, exc: BaseException) -> BaseException:
+    """A :class:`StoreUnavailable` for errors that mean the file cannot take writes now."""
+    text = str(exc).lower()
+    if isinstance(exc, sqlite3.OperationalError) and any(m in text for m in _OUTAGE_MESSAGES):
+        return StoreUnavailable(
+            f"the SQLite store {path} cannot take writes ({exc}); nothing was recorded. "
+            "Free disk space (or fix the file's permissions) and retry"
+        )
+    return exc
+
+
+class SQLiteConnections:
+    """Writer thread, reader pool and checkpointer of one SQLite file."""
+
+    def __init__(
+        self,
+        path: str,
+        hooks: WriteBatch,
+        schema: str,
+        *,
+        readers: int = 4,
+        checkpoint_interval: float = 1.0,
+        wal_limit_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.path = path
+        self._hooks = hooks
+        self._wal_limit = int(wal_limit_bytes)
+        init = self.connect()  # before any thread opens the file (it may become WAL now)
+        init.executescript(schema)
+        init.close()
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Op, asyncio.Future[Any]]] = []
+        self._kick_scheduled = False
+        self._queue: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        self._dirty = threading.Event()
+        self._wake = threading.Event()
+        self._wal = path + "-wal"
+        self.closed = False
+        self._writer = threading.Thread(target=self._writer_main, name="rollwire-sqlite-writer")
+        self._writer.daemon = True
+        self._writer.start()
+        self._local = threading.local()
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="rollwire-sqlite-read")
+        self._stop_checkpoints = threading.Event()
+        self._checkpoint_interval = checkpoint_interval
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_main, name="rollwire-sqlite-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
+
+    def connect(self) -> sqlite3.Connection:
+        """A new connection with the store's pragmas."""
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute(f"PRAGMA journal_size_limit={self._wal_limit}")
+        return conn
+
+    # ----------------------------------------------------------------- reads
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.connect()
+            self._local.conn = conn
+            with self._lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on a reader connection in the pool."""
+        if self.closed:
+            raise RuntimeError(f"SQLite store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._readers, lambda: fn(self._reader()))
+        except sqlite3.OperationalError as exc:
+            raise unavailable(self.path, exc) from exc
+
+    # ----------------------------------------------------------------- writes
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue ``fn`` for the writer; the future resolves after its transaction commits."""
+        if self.closed:
+            raise RuntimeError(f"SQLite store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        with self._lock:
+            self._pending.append((fn, fut))
+            schedule = not self._kick_scheduled
+            self._kick_scheduled = True
+        if schedule:
+            loop.call_soon(self.kick)
+        return fut
+
+    def kick(self) -> None:
+        """Hand everything queued so far to the writer thread."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+            self._kick_scheduled = False
+        if batch:
+            self._queue.put(batch)
+
+    def _writer_main(self) -> None:
+        conn = self.connect()
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on their own thread
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                break
+            items = list(first)
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                items.extend(more)
+            self._run_batch(conn, items)
+        conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, items: list[Any]) -> None:
+        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self._hooks.begin()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for fn, fut in items:
+                outcomes.append((fut, fn(conn), None))
+            self._hooks.before_commit(conn)
+            conn.execute("COMMIT")
+        except Exception:
+            # Rare: some operation failed. Roll back and run each one in its own transaction,
+            # so only the failing ones fail.
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+            self._hooks.rolled_back()
+            outcomes = [self._run_one(conn, fn, fut) for fn, fut in items]
+        self._dirty.set()
+        if self._wal_limit > 0 and _size(self._wal) > self._wal_limit:
+            self._wake.set()  # over the limit: checkpoint now, not at the next interval
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for outcome in outcomes:
+            by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
+        for loop, results in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody is waiting
+                loop.call_soon_threadsafe(_resolve_all, results)
+
+    def _run_one(
+        self, conn: sqlite3.Connection, fn: Op, fut: Any
+    ) -> tuple[asyncio.Future[Any], Any, BaseException | None]:
+        self._hooks.begin()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            result = fn(conn)
+            self._hooks.before_commit(conn)
+            conn.execute("COMMIT")
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+            self._hooks.rolled_back()
+            return fut, None, unavailable(self.path, exc)
+        return fut, result, None
+
+    # ----------------------------------------------------------------- checkpoints
+    def _checkpoint_main(self) -> None:
+        conn: sqlite3.Connection | None = None
+        while True:
+            self._wake.wait(self._checkpoint_interval)
+            self._wake.clear()
+            if self._stop_checkpoints.is_set():
+                break
+            if not self._dirty.is_set():
+                continue
+            self._dirty.clear()
+            try:
+                if conn is None:
+                    conn = self.connect()
+                    conn.execute("PRAGMA busy_timeout=0")  # never queue up behind the writer
+                # PASSIVE never waits on the writer or a reader; once it has copied every frame,
+                # the writer's next transaction starts the WAL over and truncates the file to
+                # journal_size_limit.
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                if self._wal_limit > 0 and _size(self._wal) > self._wal_limit:
+                    # Steady writes never let PASSIVE catch up: take the lock only if it is free
+                    # right now, copy the few frames written since, and truncate.
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.Error:
+                pass
+        if conn is not None:
+            conn.close()
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Finish queued writes, stop the threads, close every connection (idempotent)."""
+        if self.closed:
+            return
+        self.kick()
+        self.closed = True
+        self._queue.put(None)
+        self._writer.join()
+        self._stop_checkpoints.set()
+        self._wake.set()
+        self._checkpointer.join()
+        self._readers.shutdown(wait=True)
+        with self._lock:
+            conns, self._reader_conns = self._reader_conns, []
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        try:
+            final = sqlite3.connect(self.path, isolation_level=None)
+            final.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            final.close()
+        except sqlite3.Error:
+            pass
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _resolve_all(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for fut, value, exc in results:
+        if fut.done():
+            continue
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)

@@ -1,0 +1,3 @@
+from rollwire.testing.store import redis_server
+
+__all__ = ["redis_server"]
