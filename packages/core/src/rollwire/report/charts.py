@@ -56,6 +56,7 @@ def histogram(title: str, values: Sequence[float], *, bins: int = 10) -> str:
     finite = [float(v) for v in values if math.isfinite(v)]
     if not finite:
         return bar_chart(title, {})
+    bins = max(1, min(bins, math.ceil(math.sqrt(len(finite)))))
     lo, hi = min(finite), max(finite)
     distinct = sorted(set(finite))
     if len(distinct) <= bins and all(v.is_integer() for v in distinct):
