@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from rollwire.data.protocol import Group
 from rollwire.evaluation import EvalResult, EvalSetting, score_setting
 from rollwire.evaluation.plot import plot_result
