@@ -19,23 +19,46 @@ rollout runner), :mod:`rollwire.agent.reporter` (terminal records), :mod:`rollwi
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
+import itertools
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from rollwire.agent.context import rollout_context
-from rollwire.agent.invocation import SESSION_HEADER, InvocationContext, sse_async, sse_sync
+from rollwire.agent.handlers import WorkerLoop
+from rollwire.agent.invocation import (
+    DEBUG_ACTION_KEY,
+    SESSION_HEADER,
+    InvocationContext,
+    PingStatus,
+    sse_async,
+    sse_sync,
+)
 from rollwire.agent.reporter import RolloutOutcome
 from rollwire.agent.rollouts import RolloutRunner
 
-__all__ = ["SESSION_HEADER", "InvocationContext", "RolloutApp", "RolloutOutcome", "load_app"]
+__all__ = [
+    "SESSION_HEADER",
+    "InvocationContext",
+    "PingStatus",
+    "RolloutApp",
+    "RolloutOutcome",
+    "load_app",
+]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +84,8 @@ class RolloutApp(RolloutRunner):
         report_grace: float = 10.0,
         shutdown_timeout: float = 10.0,
         debug: bool = False,
+        lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] | None = None,
+        middleware: Sequence[Middleware] | None = None,
     ) -> None:
         super().__init__(
             failure_reward=failure_reward,
@@ -71,31 +96,163 @@ class RolloutApp(RolloutRunner):
             shutdown_timeout=shutdown_timeout,
         )
         self.debug = debug
+        self._user_lifespan = lifespan
+        self._ping_handler: Callable[[], Any] | None = None
+        self._websocket_handler: Callable[..., Any] | None = None
+        self._forced_ping: PingStatus | None = None
+        self._async_tasks: dict[int, dict[str, Any]] = {}
+        self._last_status: PingStatus | None = None
+        self._worker = WorkerLoop()
+        self._task_ids = itertools.count(1)
         self.asgi = Starlette(
             debug=debug,
             routes=[
                 Route("/invocations", self._invocations, methods=["POST"]),
                 Route("/ping", self._ping, methods=["GET"]),
+                WebSocketRoute("/ws", self._websocket),
             ],
+            middleware=middleware,
             lifespan=self._lifespan,
         )
 
+    # -- the rest of BedrockAgentCoreApp's surface ------------------------------------------------
+
+    def ping(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Register ``fn() -> PingStatus | str`` as the ``/ping`` status (a forced one wins)."""
+        self._ping_handler = fn
+        return fn
+
+    def websocket(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register ``async fn(websocket, context)`` as the ``/ws`` handler."""
+        self._websocket_handler = fn
+        return fn
+
+    def async_task(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        """Decorate an ``async def`` so ``/ping`` says ``HealthyBusy`` while it runs."""
+        if not inspect.iscoroutinefunction(fn):
+            raise ValueError(f"@async_task can only be applied to async functions, not {fn!r}")
+
+        @functools.wraps(fn)
+        async def tracked(*args: Any, **kwargs: Any) -> T:
+            task_id = self.add_async_task(fn.__name__)
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                self.complete_async_task(task_id)
+
+        return tracked
+
+    def add_async_task(self, name: str, metadata: Mapping[str, Any] | None = None) -> int:
+        """Track background work under ``name`` (``/ping`` is busy until it is completed)."""
+        info: dict[str, Any] = {"name": name, "start_time": time.time()}
+        if metadata:
+            info["metadata"] = dict(metadata)
+        with self._lock:
+            task_id = next(self._task_ids)
+            self._async_tasks[task_id] = info
+        return task_id
+
+    def complete_async_task(self, task_id: int) -> bool:
+        """End tracked work; False when ``task_id`` is not tracked (already completed)."""
+        with self._lock:
+            return self._async_tasks.pop(task_id, None) is not None
+
+    def get_async_task_info(self) -> dict[str, Any]:
+        """``{"active_count", "running_jobs": [{"name", "duration"}]}`` of the tracked work."""
+        now = time.time()
+        with self._lock:
+            jobs = [
+                {"name": t["name"], "duration": now - t["start_time"]}
+                for t in self._async_tasks.values()
+            ]
+        return {"active_count": len(jobs), "running_jobs": jobs}
+
+    def force_ping_status(self, status: PingStatus | str) -> None:
+        """Make ``/ping`` answer ``status`` until :meth:`clear_forced_ping_status`."""
+        self._forced_ping = PingStatus(status)
+
+    def clear_forced_ping_status(self) -> None:
+        """Let ``/ping`` report the app's own status again."""
+        self._forced_ping = None
+
+    @property
+    def saturated(self) -> bool:
+        """True when every handler thread is taken (also by handlers past their deadlines): a
+        new sync rollout would wait, so ``/ping`` says ``HealthyBusy``."""
+        return self._threads.saturated
+
+    def get_current_ping_status(self) -> PingStatus:
+        """Forced status, else the ``@app.ping`` handler's, else ``HealthyBusy`` while rollouts
+        or tracked tasks run or the app is at its concurrency limit."""
+        status = self._forced_ping
+        if status is None and self._ping_handler is not None:
+            try:
+                status = PingStatus(self._ping_handler())
+            except Exception as exc:  # a broken ping handler must not make the app unhealthy
+                log.warning("the @app.ping handler failed (%s); using the app's own status", exc)
+        if status is None:
+            busy = self.busy or bool(self._async_tasks) or self.saturated
+            status = PingStatus.HEALTHY_BUSY if busy else PingStatus.HEALTHY
+        if status != self._last_status:
+            self._last_status = status
+            self._touch()
+        return status
+
     def ping_status(self) -> dict[str, Any]:
         """The ``/ping`` body."""
-        return {
-            "status": "HealthyBusy" if self.busy else "Healthy",
-            "time_of_last_update": self._last_update,
-        }
+        status = self.get_current_ping_status()
+        return {"status": status.value, "time_of_last_update": self._last_update}
 
-    # -- HTTP -----------------------------------------------------------------------------------
+    def _debug_action(self, action: Any) -> Response:
+        """``BedrockAgentCoreApp``'s debug actions (``{"_agent_core_app_action": ...}``)."""
+        if action == "ping_status":
+            return JSONResponse(self.ping_status())
+        if action == "job_status":
+            return JSONResponse(self.get_async_task_info())
+        forced = {"force_healthy": PingStatus.HEALTHY, "force_busy": PingStatus.HEALTHY_BUSY}
+        if action in forced:
+            self.force_ping_status(forced[action])
+            return JSONResponse({"forced_status": forced[action].value})
+        if action == "clear_forced_status":
+            self.clear_forced_ping_status()
+            return JSONResponse({"forced_status": "Cleared"})
+        return JSONResponse({"error": f"Unknown action: {action}"}, status_code=400)
+
+    # -- HTTP -------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        yield
-        await self.shutdown()
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[Any]:
+        try:
+            if self._user_lifespan is None:
+                yield None
+            else:
+                async with self._user_lifespan(self) as state:
+                    yield state
+        finally:
+            await self.shutdown()
+            if self._worker is not None:
+                self._worker.close()
 
     async def _ping(self, request: Request) -> Response:
         return JSONResponse(self.ping_status())
+
+    async def _websocket(self, websocket: WebSocket) -> None:
+        if self._websocket_handler is None:
+            await websocket.close(code=1011)
+            return
+        ctx = InvocationContext(
+            session_id=websocket.headers.get(SESSION_HEADER),
+            headers=dict(websocket.headers),
+            request=websocket,
+        )
+        try:
+            await self._websocket_handler(websocket, ctx)
+        except WebSocketDisconnect:
+            pass
+        except Exception:
+            log.exception("the /ws handler failed")
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1011)
 
     async def _invocations(self, request: Request) -> Response:
         session_id = request.headers.get(SESSION_HEADER)
@@ -105,20 +262,23 @@ class RolloutApp(RolloutRunner):
             return JSONResponse(
                 {"error": "the request body must be a JSON object"}, status_code=400
             )
+        if self.debug and isinstance(payload, Mapping) and DEBUG_ACTION_KEY in payload:
+            return self._debug_action(payload[DEBUG_ACTION_KEY])
         try:
             rc = rollout_context(payload)
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+        headers = dict(request.headers)
         if rc is not None:
             try:
-                answer = await self.start_rollout(payload, session_id, dict(request.headers))
+                answer = await self.start_rollout(payload, session_id, headers, request)
             except RuntimeError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=500)
-            return JSONResponse(answer)
-        ctx = InvocationContext(session_id=session_id, headers=dict(request.headers))
+            return answer if isinstance(answer, Response) else JSONResponse(answer)
+        ctx = InvocationContext(session_id=session_id, headers=headers, request=request)
         self._touch()
         try:
-            result = await self._call_handler(payload, ctx)
+            result = await self.production_call(payload, ctx)
         except Exception as exc:
             log.exception("invocation failed")
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
@@ -129,6 +289,10 @@ class RolloutApp(RolloutRunner):
         if inspect.isgenerator(result):  # iterated on Starlette's thread pool
             return StreamingResponse(sse_sync(result), media_type="text/event-stream")
         return JSONResponse(result)
+
+    async def production_call(self, payload: Any, ctx: InvocationContext) -> Any:
+        """Serve an invocation that is not a rollout (here: the handler's result, as it is)."""
+        return await self._call_handler(payload, ctx, offload=True)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.asgi(scope, receive, send)

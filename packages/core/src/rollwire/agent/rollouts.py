@@ -174,12 +174,13 @@ class RolloutRunner:
     # -- running rollouts -------------------------------------------------------------------------
 
     async def _call_handler(
-        self, payload: Any, ctx: InvocationContext, *, rollout: bool = False
+        self, payload: Any, ctx: InvocationContext, *, rollout: bool = False, offload: bool = False
     ) -> Any:
+        """Call the entrypoint; with ``offload`` (served over HTTP) an ``async def`` handler runs
+        on the worker loop, so a handler that blocks its loop does not delay ``/ping``."""
         args: tuple[Any, ...] = (payload, ctx) if self._takes_context else (payload,)
-        return await call_handler(
-            self.handler, args, self._threads, rollout=rollout, worker=self._worker
-        )
+        worker = self._worker if offload else None
+        return await call_handler(self.handler, args, self._threads, rollout=rollout, worker=worker)
 
     async def start_rollout(
         self,
@@ -205,7 +206,9 @@ class RolloutRunner:
         with self._lock:
             if sid in self._running or sid in self._finished:
                 return self.rollout_answer(payload, ctx)
-            task = loop.create_task(self._run_rollout(payload, ctx, rc), name=f"rollout-{sid}")
+            offload = request is not None  # served over HTTP: async handlers off the server loop
+            run = self._run_rollout(payload, ctx, rc, offload)
+            task = loop.create_task(run, name=f"rollout-{sid}")
             self._running[sid] = task
         self._touch()
         task.add_done_callback(functools.partial(self._forget, sid))
@@ -235,12 +238,16 @@ class RolloutRunner:
             return list(self._running.values())
 
     async def _run_rollout(
-        self, payload: Mapping[str, Any], ctx: InvocationContext, rc: RolloutContext
+        self,
+        payload: Mapping[str, Any],
+        ctx: InvocationContext,
+        rc: RolloutContext,
+        offload: bool = False,
     ) -> None:
         state = ReportState()
         outcome: RolloutOutcome | None = None
         try:
-            outcome = await self._outcome(payload, ctx, rc)
+            outcome = await self._outcome(payload, ctx, rc, offload)
             loop = asyncio.get_running_loop()
             remaining = rc.remaining()
             give_up_at = None if remaining is None else loop.time() + remaining + self.report_grace
@@ -265,7 +272,11 @@ class RolloutRunner:
             raise
 
     async def _outcome(
-        self, payload: Mapping[str, Any], ctx: InvocationContext, rc: RolloutContext
+        self,
+        payload: Mapping[str, Any],
+        ctx: InvocationContext,
+        rc: RolloutContext,
+        offload: bool = False,
     ) -> RolloutOutcome:
         """Run the handler under the deadline and turn whatever happens into a terminal record."""
         try:
@@ -273,7 +284,7 @@ class RolloutRunner:
             if remaining is not None and remaining <= 0:
                 raise asyncio.TimeoutError
             view = self.view_payload(payload, ctx)
-            result = await asyncio.wait_for(self._guarded(view, ctx), timeout=remaining)
+            result = await asyncio.wait_for(self._guarded(view, ctx, offload), timeout=remaining)
             reward, metrics = self.read_result(result)
             return RolloutOutcome("completed", reward, metrics)
         except asyncio.TimeoutError:
@@ -295,10 +306,10 @@ class RolloutRunner:
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, a custom BaseException
             return self._failed(rc, exc)
 
-    async def _guarded(self, payload: Any, ctx: InvocationContext) -> Any:
+    async def _guarded(self, payload: Any, ctx: InvocationContext, offload: bool = False) -> Any:
         # a TimeoutError of the handler itself must not read as the deadline's (wait_for's)
         try:
-            return await self._call_handler(payload, ctx, rollout=True)
+            return await self._call_handler(payload, ctx, rollout=True, offload=offload)
         except (asyncio.TimeoutError, TimeoutError) as exc:
             raise _HandlerTimeout(str(exc)) from exc
         except (Exception, asyncio.CancelledError, GeneratorExit):
