@@ -3,9 +3,12 @@ for ``complete_url``. Every server runs on 127.0.0.1 on a free port and is stopp
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +98,42 @@ def stack() -> Iterator[Any]:
         serve_in_thread(backends=[(engine.url, "vllm")]) as gateway,
     ):
         yield gateway
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One local Ray for the whole test session, started with room for a busy machine; yields
+    a folder on the workers' ``PYTHONPATH`` (with the driver's ``sys.path``) for test agents.
+
+    Ray waits a fixed 30 s for its raylet to register; on a loaded machine that start can miss
+    it, and the next try (with the node's files already in the page cache) is much faster. So
+    the start is tried up to three times before the test fails on it.
+    """
+    ray = pytest.importorskip("ray")
+
+    # Under `uv run`, Ray would package the working tree and start every worker through uv.
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    modules = tmp_path_factory.mktemp("ray-agents")
+    paths = [str(modules), *(p for p in sys.path if p and os.path.isdir(p))]
+    errors: list[str] = []
+    for _ in range(3):
+        try:
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
+            )
+            break
+        except Exception as exc:  # "The current node timed out during startup"
+            errors.append(repr(exc))
+            ray.shutdown()
+    else:
+        raise RuntimeError(f"Ray did not start in three tries: {errors}")
+    sys.path.insert(0, str(modules))
+    try:
+        yield modules
+    finally:
+        sys.path.remove(str(modules))
+        ray.shutdown()

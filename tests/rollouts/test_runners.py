@@ -254,20 +254,11 @@ def play(payload):
 
 
 @pytest.mark.timeout(180)
-def test_ray_runner_runs_rollouts_as_ray_tasks(
-    stack: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    pytest.importorskip("ray")
-    # Under `uv run`, Ray would package the working tree and start every worker through uv.
-    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    (tmp_path / "crashing_agent.py").write_text(CRASHING_AGENT)
-    monkeypatch.syspath_prepend(str(tmp_path))  # workers get the driver's sys.path
+def test_ray_runner_runs_rollouts_as_ray_tasks(stack: Any, ray_session: Path) -> None:
+    (ray_session / "crashing_agent.py").write_text(CRASHING_AGENT)  # on the workers' path
     from rollwire.trainer.runners.ray import RayRunner
 
-    runner = RayRunner(
-        "rollwire.envs.wordle.agent_openai:app",
-        init_kwargs={"num_cpus": 2, "include_dashboard": False},
-    )
+    runner = RayRunner("rollwire.envs.wordle.agent_openai:app")  # joins the session's Ray
     try:
         client = RolloutClient(
             stack, runner=runner, group_size=2, sampling={"max_tokens": 48}, deadline=90

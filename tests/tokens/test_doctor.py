@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from rollwire.gateway.doctor import diagnose, doctor_command
+from rollwire.cli.doctor import diagnose, doctor_command
 from rollwire.gateway.render import ChatRenderer
 
 from .conftest import tokenizer_with_template

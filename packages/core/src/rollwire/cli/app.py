@@ -9,11 +9,11 @@ from rich.table import Table
 
 from rollwire import __version__
 from rollwire.cli import commands
+from rollwire.cli.doctor import doctor_command
 from rollwire.cli.engine import engine_app
 from rollwire.cli.eval import evaluate as eval_command
 from rollwire.cli.gateway import gateway_app
 from rollwire.cli.inspect import inspect as inspect_command
-from rollwire.gateway.doctor import doctor_command
 
 app = typer.Typer(
     name="rollwire",
