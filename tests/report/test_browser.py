@@ -64,3 +64,75 @@ def test_report_in_chromium(tmp_path: Path) -> None:
     out = os.environ.get("ROLLWIRE_SCREENSHOT_DIR")
     if out:  # how the README's screenshot is refreshed
         shutil.copy(shot, Path(out) / "inspect-report.png")
+
+
+def test_gateway_ui_in_chromium(tmp_path: Path) -> None:
+    import openai
+
+    from rollwire.agent.serving import ServerThread
+    from rollwire.gateway import serve_in_thread
+    from rollwire.testing.null_backend import NullBackend
+
+    def reply(body: dict) -> dict:
+        if body.get("tools"):
+            call = {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "guess", "arguments": '{"word": "crane"}'},
+            }
+            return {"content": "", "tool_calls": [call]}
+        return {"content": "The word was crane."}
+
+    tools = [{"type": "function", "function": {"name": "guess", "parameters": {"type": "object"}}}]
+    with (
+        ServerThread(NullBackend(reply=reply, routed_experts=(2, 2))) as backend,
+        serve_in_thread(
+            backends=[(backend.url, "vllm")], store=f"sqlite:{tmp_path / 'gw.db'}"
+        ) as gw,
+        chromium_session(tmp_path / "profile", height=1000) as s,
+    ):
+        with gw.client() as c:
+            for i in range(3):
+                h = c.create_session(group_id=f"wordle-{i // 2}")
+                oai = openai.OpenAI(base_url=h.base_url, api_key=h.token)
+                msgs: list = [{"role": "user", "content": f"game {i}"}]
+                first = oai.chat.completions.create(model="p", messages=msgs, tools=tools)
+                msgs += [first.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": "c1", "content": "C?R?A?N?E?"}]  # fmt: skip
+                oai.chat.completions.create(model="p", messages=msgs)
+                c.complete(h.session_id, reward=float(i))
+            live = c.create_session(group_id="wordle-2")  # still running
+            openai.OpenAI(base_url=live.base_url, api_key=live.token).chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "game 3"}], tools=tools
+            )
+            c.set_policy_version("step-12")
+        page = s.page
+        page.goto(f"{gw.url}/ui")
+        page.wait_for_selector("#login")  # redirected to the form
+        assert gw.admin_key is not None and gw.admin_key not in page.url
+        page.fill("#key", gw.admin_key)
+        page.click("button[type=submit]")
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.url == f"{gw.url}/ui" and gw.admin_key not in page.url
+        for label in ("live sessions", "calls/s", "tokens/s", "error rate", "latency p50 / p90 / p99",
+                      "groups completed", "policy version", "state", "store"):  # fmt: skip
+            assert page.locator(f".card[data-k='{label}']").is_visible(), label
+        assert "step-12" in page.locator(".card[data-k='policy version']").inner_text()
+        assert "2 / 3" in page.locator(".card[data-k='groups completed']").inner_text()
+        assert page.locator(".card[data-k='live sessions'] .v").inner_text() == "1"
+        assert page.locator("#sessions tbody tr").count() == 4
+        page.wait_for_selector("svg.spark")  # the second poll draws the rate sparklines
+        shot = tmp_path / "ui.png"
+        page.screenshot(path=str(shot), full_page=True)
+        page.locator("#sessions tbody a").nth(1).click()  # a finished session
+        page.wait_for_selector("body[data-ready='1']")
+        page.locator("button.chip").first.click()
+        page.wait_for_selector("body[data-rollout]")
+        assert page.locator(".tokens .tok.P").first.is_visible()
+        assert page.locator(".tools code", has_text="guess").first.is_visible()
+    assert shot.stat().st_size > 10_000
+    assert s.requested and all(u.startswith(gw.url) for u in s.requested), s.requested
+    assert s.refused == [] and s.console_errors == []
+    out = os.environ.get("ROLLWIRE_SCREENSHOT_DIR")
+    if out:
+        shutil.copy(shot, Path(out) / "gateway-ui.png")

@@ -44,6 +44,7 @@ from rollwire.gateway.metrics import GatewayMetrics
 from rollwire.gateway.sampling import apply_sampling, check_sampling
 from rollwire.gateway.security import TokenError, TokenSigner, new_secret
 from rollwire.gateway.sessions import SessionState
+from rollwire.gateway.ui import ui_routes
 from rollwire.gateway.upstream import UpstreamPool
 from rollwire.store import SessionNotFound, SessionRecord, Store, open_store
 
@@ -109,8 +110,8 @@ class Gateway:
         self._timeout = aiohttp.ClientTimeout(
             total=cfg.upstream_timeout, sock_connect=cfg.connect_timeout
         )
-        self._extra_routes: list[BaseRoute] = []
-        self._control = build_control_app(self)
+        self._extra_routes: list[BaseRoute] = list(ui_routes(self))  # the /ui dashboard
+        self._control = build_control_app(self, self._extra_routes)
         if cfg.open:
             log.warning(
                 "rollwire gateway in OPEN mode: any session id is accepted as a token and "
