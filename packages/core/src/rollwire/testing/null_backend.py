@@ -287,52 +287,7 @@ class NullBackend:
         if not sglang:
             first["prompt_token_ids"] = prompt
         await event(first)
-        # Text deltas: 4 tokens per chunk; then tool calls, split in pieces, by index.
-        pieces: list[tuple[dict[str, Any], list[int]]] = []
-        tb = text.encode()
-        n_text = len(tb)
-        for i in range(0, n_text, 4):
-            pieces.append(
-                (
-                    {"content": tb[i : i + 4].decode(errors="ignore")},
-                    completion[i : min(i + 4, n_text)],
-                )
-            )
-        pos = n_text
-        for idx, tc in enumerate(tool_calls or ()):
-            fn = tc.get("function", {})
-            args = fn.get("arguments", "")
-            n = len(orjson.dumps(fn))
-            toks = completion[pos : pos + n]
-            pos += n
-            half = len(args) // 2
-            pieces.append(
-                (
-                    {
-                        "tool_calls": [
-                            {
-                                "index": idx,
-                                "id": tc.get("id"),
-                                "type": "function",
-                                "function": {"name": fn.get("name"), "arguments": ""},
-                            }
-                        ]
-                    },
-                    toks[: n // 3],
-                )
-            )
-            pieces.append(
-                (
-                    {"tool_calls": [{"index": idx, "function": {"arguments": args[:half]}}]},
-                    toks[n // 3 : 2 * n // 3],
-                )
-            )
-            pieces.append(
-                (
-                    {"tool_calls": [{"index": idx, "function": {"arguments": args[half:]}}]},
-                    toks[2 * n // 3 :],
-                )
-            )
+        pieces, pos = _stream_pieces(text, completion, tool_calls)
         rest = completion[pos:]
         for delta, toks in pieces:
             choice: dict[str, Any] = {
@@ -458,3 +413,33 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _stream_pieces(
+    text: str, completion: list[int], tool_calls: list[dict[str, Any]] | None
+) -> tuple[list[tuple[dict[str, Any], list[int]]], int]:
+    """The stream's deltas with the token ids each carries (text 4 tokens a chunk, then each
+    tool call in three pieces, by index), and how many completion ids they used."""
+    pieces: list[tuple[dict[str, Any], list[int]]] = []
+    tb = text.encode()
+    n_text = len(tb)
+    for i in range(0, n_text, 4):
+        pieces.append(
+            ({"content": tb[i : i + 4].decode(errors="ignore")}, completion[i : min(i + 4, n_text)])
+        )
+    pos = n_text
+    for idx, tc in enumerate(tool_calls or ()):
+        fn = tc.get("function", {})
+        args = fn.get("arguments", "")
+        n = len(orjson.dumps(fn))
+        toks = completion[pos : pos + n]
+        pos += n
+        half = len(args) // 2
+        opening = {"name": fn.get("name"), "arguments": ""}
+        head = {"index": idx, "id": tc.get("id"), "type": "function", "function": opening}
+        pieces.append(({"tool_calls": [head]}, toks[: n // 3]))
+        first = {"index": idx, "function": {"arguments": args[:half]}}
+        pieces.append(({"tool_calls": [first]}, toks[n // 3 : 2 * n // 3]))
+        second = {"index": idx, "function": {"arguments": args[half:]}}
+        pieces.append(({"tool_calls": [second]}, toks[2 * n // 3 :]))
+    return pieces, pos

@@ -1,0 +1,153 @@
+"""A fake OpenAI endpoint that records what it was sent (for the agent-adapter conformance suite)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["PRODUCTION_MODEL", "RecordedRequest", "RecordingServer"]
+
+#: the model name the production configuration asks for
+PRODUCTION_MODEL = "prod-model"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One HTTP request as the recording server saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class RecordingServer:
+    """A stand-in OpenAI endpoint on 127.0.0.1: records requests, answers every chat call with
+    one plain assistant message (so any agent stops after one model call). Streams when asked."""
+
+    reply = "Done."
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread: threading.Thread | None = None
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server._record(self, {})
+                self._send(
+                    200, "application/json", json.dumps({"object": "list", "data": []}).encode()
+                )
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+                body = json.loads(raw or b"{}")
+                server._record(self, body)
+                if body.get("stream"):
+                    self._send(200, "text/event-stream", server._stream_body(body))
+                else:
+                    self._send(
+                        200, "application/json", json.dumps(server._completion(body)).encode()
+                    )
+
+            def _send(self, status: int, ctype: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+    def _record(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        self.requests.append(RecordedRequest(handler.command, handler.path, headers, body))
+
+    def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-recorded",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "unknown"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.reply},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        }
+
+    def _stream_body(self, body: dict[str, Any]) -> bytes:
+        base = {
+            "id": "chatcmpl-recorded",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model", "unknown"),
+        }
+        chunks: list[dict[str, Any]] = [
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                ],
+            },
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {"content": self.reply}, "finish_reason": None}],
+            },
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {
+                **base,
+                "choices": [],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+            },
+        ]
+        return (
+            b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            + b"data: [DONE]\n\n"
+        )
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        """The chat-completions requests received, in order."""
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def start(self) -> RecordingServer:
+        """Serve on a background thread."""
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and join the thread."""
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> RecordingServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
