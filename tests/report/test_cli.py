@@ -34,15 +34,15 @@ def test_inspect_writes_the_report(tmp_path: Path) -> None:
     assert "9 rollouts, 2 groups" in said
 
 
-def test_inspect_with_a_tokenizer_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["folder", "embedded"])
+def test_inspect_with_a_tokenizer(tmp_path: Path, which: str) -> None:
     from rollwire.engine.tokenizer import tokenizer_dir
 
     src = tmp_path / "r.jsonl"
     write_jsonl(src, chat_batch())
     out = tmp_path / "out" / "report.html"
-    result = runner.invoke(
-        app, ["inspect", str(src), "--out", str(out), "--tokenizer", str(tokenizer_dir())]
-    )
+    spec = str(tokenizer_dir()) if which == "folder" else "embedded"
+    result = runner.invoke(app, ["inspect", str(src), "--out", str(out), "--tokenizer", spec])
     assert result.exit_code == 0, result.output
     index, vocab, _ = read_report_data(out.read_text())
     assert index["tokenizer"] is True and vocab

@@ -42,11 +42,18 @@ def inspect(
 ) -> None:
     """Write a self-contained HTML report of what a batch of rollouts would train."""
     from rollwire.report.tokenizers import load_tokenizer
+    from rollwire.report.tokens import ReportTokenizer
 
     if mode not in ("merge", "per_call"):
         raise _fail(f"--mode must be merge or per_call, got {mode!r}")
+    tok: ReportTokenizer | None
     try:
-        tok = load_tokenizer(tokenizer)
+        if tokenizer == "embedded":
+            from rollwire.engine.tokenizer import EngineTokenizer
+
+            tok = EngineTokenizer()
+        else:
+            tok = load_tokenizer(tokenizer)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     if session is not None:

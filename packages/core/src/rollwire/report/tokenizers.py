@@ -1,4 +1,8 @@
-"""Tokenizers the report can decode with: the embedded engine's, or any ``tokenizer.json`` folder."""
+"""Tokenizers the report can decode with: any ``tokenizer.json`` folder (no transformers).
+
+The embedded engine's tokenizer (``--tokenizer embedded``) is resolved by the CLI, which may import
+the engine; this module may not, since the gateway's ``/ui`` uses it.
+"""
 
 from __future__ import annotations
 
@@ -34,11 +38,7 @@ class FileTokenizer:
 
 
 def load_tokenizer(spec: str | None) -> ReportTokenizer | None:
-    """``None`` -> no tokenizer; ``"embedded"`` -> the engine's; else a tokenizer.json folder."""
+    """``None`` -> no tokenizer; else a tokenizer.json folder or file."""
     if spec is None or spec == "":
         return None
-    if spec == "embedded":
-        from rollwire.engine.tokenizer import EngineTokenizer
-
-        return EngineTokenizer()
     return FileTokenizer(spec)
