@@ -54,6 +54,9 @@ log = logging.getLogger("rollwire.gateway")
 
 _MAX_CACHED_SESSIONS = 65_536  # live sessions kept in memory; idle ones past it are evicted
 _SWEEP_INTERVAL = 30.0  # seconds between sweeps of expired sessions out of that cache
+# Settings in the store that every gateway on it shares.
+_PAUSED = "gateway:paused"
+_POLICY_VERSION = "gateway:policy_version"
 
 #: A data-plane handler for a POST that makes a model call: (gateway, scope, session, path, raw
 #: body) -> the ASGI response. Register one per path in :attr:`Gateway.call_routes`.
@@ -104,6 +107,8 @@ class Gateway:
         self.upstream = UpstreamPool(limit=cfg.pool_size, connect_timeout=cfg.connect_timeout)
         self._health_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self._share_task: asyncio.Task[None] | None = None
+        self._shared_seen: tuple[bool, str | None] = (False, None)  # last read from the store
         self._background: set[asyncio.Task[Any]] = set()
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
@@ -151,6 +156,9 @@ class Gateway:
             self.pool.run_health_checks(self._http, self.config.health_interval)
         )
         self._sweep_task = asyncio.create_task(self._sweep_sessions())
+        with contextlib.suppress(Exception):  # a store down at start-up: the loop retries
+            await self.load_shared_state()
+        self._share_task = asyncio.create_task(self._follow_shared_state())
         if self.config.tune_gc:
             gc.collect()
             gc.freeze()
@@ -158,7 +166,7 @@ class Gateway:
 
     async def shutdown(self) -> None:
         """Stop background work, close the pool and (if the gateway opened it) the store."""
-        for task in (self._health_task, self._sweep_task):
+        for task in (self._health_task, self._sweep_task, self._share_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -263,9 +271,15 @@ class Gateway:
             with contextlib.suppress(ValueError):
                 await self.store.create_session(rec)
             rec = await self.store.get_session(session_id) or rec
+        shared: Any = None
+        if not rec.terminal:
+            # Another gateway (or this one before a restart) may have routed it already.
+            shared = await self.store.get_setting(f"sticky:{session_id}")
         st = self.sessions.get(session_id)
         if st is None:
             st = SessionState(rec)
+            if isinstance(shared, str) and self.pool.stick(session_id, shared):
+                st.shared_backend = shared
             if not rec.terminal:  # a closed session needs no state: its calls get 409
                 self.sessions[session_id] = st
                 if len(self.sessions) > _MAX_CACHED_SESSIONS:
@@ -404,6 +418,42 @@ class Gateway:
             # Whatever happened above (even an exception while sending): the call is over.
             if counted and st is not None:
                 self._call_over(st)
+
+    # ------------------------------------------------------------------ shared state
+    async def load_shared_state(self) -> None:
+        """Take the pause state and policy version from the store (set by any gateway on it,
+        and kept across restarts)."""
+        paused = bool(await self.store.get_setting(_PAUSED))
+        raw = await self.store.get_setting(_POLICY_VERSION)
+        version = None if raw is None else str(raw)
+        # Follow changes only (what this process set itself stays until someone changes it).
+        last_paused, last_version = self._shared_seen
+        if paused != last_paused and paused != self.paused:
+            self.pause() if paused else self.resume()
+        if version != last_version:
+            self.policy_version = version
+        self._shared_seen = (paused, version)
+
+    async def _follow_shared_state(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.shared_state_interval)
+            try:
+                await self.load_shared_state()
+            except Exception as exc:
+                log.debug("could not read the shared gateway state: %r", exc)
+
+    async def set_paused(self, paused: bool) -> None:
+        """Pause or resume every gateway on this store (this one at once, the others within
+        ``shared_state_interval``); kept across restarts."""
+        await self.store.set_setting(_PAUSED, True if paused else None)
+        self._shared_seen = (paused, self._shared_seen[1])
+        self.pause() if paused else self.resume()
+
+    async def set_policy_version(self, version: str | None) -> None:
+        """Set the policy version stamped on captured calls, for every gateway on this store."""
+        await self.store.set_setting(_POLICY_VERSION, version)
+        self._shared_seen = (self._shared_seen[0], version)
+        self.policy_version = version
 
     # ------------------------------------------------------------------ pause / drain
     def pause(self) -> None:

@@ -93,6 +93,16 @@ class BackendPool:
             self._sticky.popitem(last=False)
         return best
 
+    def stick(self, session_id: str, name: str) -> bool:
+        """Route the session to backend ``name`` (learnt from the shared store) when this pool
+        has it; False otherwise."""
+        if name not in self.backends:
+            return False
+        self._sticky[session_id] = name
+        if len(self._sticky) > self._max_sticky:
+            self._sticky.popitem(last=False)
+        return True
+
     def forget(self, session_id: str) -> None:
         """Drop the session's affinity (when it ends)."""
         self._sticky.pop(session_id, None)

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from rollwire.data.protocol import ModelCall
 from rollwire.gateway.asgi import CHAT_PATH, MODELS_PATH, ASGIResponse, header
 from rollwire.gateway.capture import Asked
-from rollwire.gateway.commit import commit_call, new_call
+from rollwire.gateway.commit import commit_call, new_call, store_unavailable
 from rollwire.gateway.context import ChatContext
 from rollwire.gateway.dispatch import Commit, forward
 from rollwire.gateway.errors import GatewayError, error_response
@@ -29,6 +29,7 @@ from rollwire.gateway.ports import GatewayPort
 from rollwire.gateway.relay import forward_stream
 from rollwire.gateway.sampling import tool_choice_flags
 from rollwire.gateway.sessions import Attempt, SessionState
+from rollwire.store import StoreUnavailable
 
 __all__ = ["check_budget", "handle_call", "internal_error", "models"]
 
@@ -38,7 +39,10 @@ _JSON = "application/json"
 
 
 def internal_error(gw: GatewayPort, exc: Exception, st: SessionState | None) -> Response:
-    """Log an unexpected failure and answer an OpenAI-shaped 500."""
+    """Log an unexpected failure and answer an OpenAI-shaped 500 (503 when the store is down)."""
+    if isinstance(exc, StoreUnavailable):
+        gw.metrics.error("store_unavailable")
+        return store_unavailable(exc).response()
     sid = st.record.session_id if st is not None else None
     log.error("unexpected error serving a call of session %r", sid, exc_info=exc)
     gw.metrics.error("internal")

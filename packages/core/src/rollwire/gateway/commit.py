@@ -6,6 +6,7 @@ and call metrics are counted.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -13,9 +14,11 @@ from rollwire.data.protocol import ModelCall
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.ports import GatewayPort
 from rollwire.gateway.sessions import Attempt, SessionState
-from rollwire.store import SessionClosed, SessionNotFound
+from rollwire.store import SessionClosed, SessionNotFound, StoreUnavailable
 
-__all__ = ["commit_call", "new_call"]
+__all__ = ["commit_call", "new_call", "store_unavailable"]
+
+log = logging.getLogger("rollwire.gateway")
 
 _CALL_DEFAULTS = ModelCall(call_id="", session_id="", index=0).__dict__
 
@@ -27,6 +30,17 @@ def new_call(**fields: Any) -> ModelCall:
     }
     values.update(fields)
     return ModelCall.model_construct(None, **values)
+
+
+def store_unavailable(exc: StoreUnavailable) -> GatewayError:
+    """The 503 for a store that cannot record: the call is refused, never answered unrecorded."""
+    return GatewayError(
+        503,
+        f"the gateway's session store is unavailable, so the call was not recorded and is "
+        f"refused; retry later ({exc})",
+        "server_error",
+        "store_unavailable",
+    )
 
 
 def _link_retry(gw: GatewayPort, st: SessionState, call: ModelCall, attempt: Attempt) -> None:
@@ -58,7 +72,10 @@ async def commit_call(gw: GatewayPort, st: SessionState, call: ModelCall, attemp
     _link_retry(gw, st, call, attempt)
     t = time.perf_counter()
     try:
-        await gw.store.append_call(call)
+        await gw.store.append_call(call, request_key=attempt.key)
+    except StoreUnavailable as exc:
+        gw.metrics.error("store_unavailable")
+        raise store_unavailable(exc) from exc
     except SessionClosed as exc:
         raise GatewayError(
             409,
@@ -84,9 +101,20 @@ async def commit_call(gw: GatewayPort, st: SessionState, call: ModelCall, attemp
         int(call.prompt_ids.shape[0]),
         n_completion,
     )
+    # The store marked the original superseded in the same commit (call.retry_of is set, or
+    # it found the original by the request key); one still running marks itself when it lands.
     prior = attempt.prior
-    if prior is not None and call.status == "ok":
-        if prior.committed and prior.call_id is not None:
-            await gw.store.mark_superseded(rec.session_id, prior.call_id, call.call_id)
-        else:
-            prior.superseded_by = call.call_id  # it marks itself when it lands
+    if prior is not None and call.status == "ok" and not prior.committed:
+        prior.superseded_by = call.call_id
+    if call.backend is not None and call.backend != st.shared_backend:
+        # The session's backend changed (first call, or a failover): tell the other gateways.
+        st.shared_backend = call.backend
+        ttl = max(60.0, (rec.expires_at or time.time() + 3600.0) - time.time())
+        gw.spawn(_share_backend(gw, rec.session_id, call.backend, ttl))
+
+
+async def _share_backend(gw: GatewayPort, session_id: str, backend: str, ttl: float) -> None:
+    try:
+        await gw.store.set_setting(f"sticky:{session_id}", backend, ttl=ttl)
+    except Exception as exc:  # affinity is an optimisation: never fail a call for it
+        log.warning("could not share the backend of session %r: %r", session_id, exc)

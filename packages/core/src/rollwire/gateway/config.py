@@ -67,3 +67,6 @@ class GatewayConfig:
     pool_size: int = 1024
     tune_gc: bool = False  # gc.freeze() + higher gen-0 threshold (the CLI turns it on)
     wait_poll_interval: float = 0.5
+    #: seconds between reads of the state gateways share through the store (pause, policy
+    #: version); a pause set through one gateway holds the others within this interval
+    shared_state_interval: float = 0.5

@@ -17,10 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from rollwire.gateway.commit import store_unavailable
 from rollwire.gateway.control_admin import AdminRoutes
 from rollwire.gateway.control_sessions import SessionRoutes
 from rollwire.gateway.errors import GatewayError, error_response
 from rollwire.gateway.ports import GatewayPort
+from rollwire.store import StoreUnavailable
 
 __all__ = ["build_control_app"]
 
@@ -37,6 +39,9 @@ def build_control_app(gw: GatewayPort, extra: Sequence[BaseRoute] = ()) -> Starl
         return exc.response()
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, StoreUnavailable):
+            gw.metrics.error("store_unavailable")
+            return store_unavailable(exc).response()
         log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
         gw.metrics.error("internal")
         return error_response(

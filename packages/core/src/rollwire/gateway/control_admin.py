@@ -12,6 +12,8 @@ from rollwire.gateway.errors import GatewayError
 
 __all__ = ["AdminRoutes"]
 
+_MAX_VERSION = 256
+
 
 class AdminRoutes(ControlRoutes):
     """``/api/backends``, ``/api/policy_version``, ``/api/pause``, ``/api/resume``, ``/health``,
@@ -71,9 +73,15 @@ class AdminRoutes(ControlRoutes):
         self.require_admin(request)
         if request.method == "POST":
             body = await self.body_of(request)
-            if body.get("version") is None:
-                raise GatewayError(400, "body must be {'version': str}")
-            self.gw.policy_version = str(body["version"])
+            version = body.get("version")
+            if not isinstance(version, (str, int)) or isinstance(version, bool):
+                raise GatewayError(400, f"body must be {{'version': str}}, got version={version!r}")
+            version = str(version)
+            if not version or len(version) > _MAX_VERSION:
+                raise GatewayError(
+                    400, f"version must be 1 to {_MAX_VERSION} characters, got {len(version)}"
+                )
+            await self.gw.set_policy_version(version)
         return json_response({"version": self.gw.policy_version})
 
     def pause_json(self) -> Response:
@@ -82,15 +90,21 @@ class AdminRoutes(ControlRoutes):
     async def pause(self, request: Request) -> Response:
         self.require_admin(request)
         if request.method == "POST":
-            self.gw.pause()
-            if request.query_params.get("wait", "").lower() in ("1", "true", "yes"):
-                timeout = query_number(request, "timeout", 600.0)
+            # Everything is validated before anything changes: a refused request pauses nothing.
+            wait = request.query_params.get("wait", "").lower()
+            if wait not in ("", "0", "1", "true", "false", "yes", "no"):
+                raise GatewayError(
+                    400, f"wait must be true or false, got {wait!r}", code="invalid_query"
+                )
+            timeout = query_number(request, "timeout", 600.0)
+            await self.gw.set_paused(True)
+            if wait in ("1", "true", "yes"):
                 await self.gw.drained(timeout)
         return self.pause_json()
 
     async def resume(self, request: Request) -> Response:
         self.require_admin(request)
-        self.gw.resume()
+        await self.gw.set_paused(False)
         return self.pause_json()
 
     async def health(self, request: Request) -> Response:

@@ -80,6 +80,14 @@ class GatewayPort(Protocol):
         """Called when a session became terminal."""
         ...
 
+    async def set_paused(self, paused: bool) -> None:
+        """Pause or resume every gateway on the store."""
+        ...
+
+    async def set_policy_version(self, version: str | None) -> None:
+        """Set the policy version for every gateway on the store."""
+        ...
+
     def pause(self) -> None:
         """Hold new data-plane calls."""
         ...
