@@ -236,6 +236,10 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
     def authenticate(self, token: str | None) -> str:
         """The session id a data-plane token names (401 otherwise)."""
+        return self.authenticate_full(token)[0]
+
+    def authenticate_full(self, token: str | None) -> tuple[str, str | None]:
+        """``(session id, incarnation or None)`` a data-plane token names (401 otherwise)."""
         if not token:
             raise GatewayError(
                 401,
@@ -245,10 +249,10 @@ class Gateway:
                 "missing_token",
             )
         try:
-            return self.signer.verify(token)
+            return self.signer.verify_full(token)
         except TokenError as exc:
             if self.config.open:
-                return token
+                return token, None
             self.metrics.error("unauthorized")
             raise GatewayError(401, str(exc), "authentication_error", "invalid_token") from exc
 
@@ -323,7 +327,21 @@ class Gateway:
 
     def issue_token(self, rec: SessionRecord) -> str:
         """A signed data-plane token for the session."""
-        return self.signer.issue(rec.session_id, rec.expires_at or (time.time() + 3600))
+        return self.signer.issue(
+            rec.session_id, rec.expires_at or (time.time() + 3600), rec.incarnation
+        )
+
+    def check_incarnation(self, rec: SessionRecord, incarnation: str | None) -> None:
+        """Refuse (401) a token issued for an earlier session that had this id."""
+        if incarnation is not None and incarnation != rec.incarnation:
+            self.metrics.error("unauthorized")
+            raise GatewayError(
+                401,
+                f"this token was issued for an earlier session {rec.session_id!r} that was "
+                "deleted; the session now under that id has its own token",
+                "authentication_error",
+                "invalid_token",
+            )
 
     def session_finished(self, rec: SessionRecord) -> None:
         """Called when a session became terminal: wake waiters, drop routing affinity."""
@@ -407,7 +425,9 @@ class Gateway:
         response: ASGIResponse
         try:
             try:
-                st = await self.session_state(self.authenticate(token))
+                session_id, incarnation = self.authenticate_full(token)
+                st = await self.session_state(session_id)
+                self.check_incarnation(st.record, incarnation)
                 response, counted = await self._route(scope, receive, st, rest)
             except GatewayError as exc:
                 response = exc.response()

@@ -10,7 +10,28 @@ from rollwire.gateway.config import BACKEND_KINDS, BackendSpec
 from rollwire.gateway.control_base import ControlRoutes, json_response, query_number
 from rollwire.gateway.errors import GatewayError
 
-__all__ = ["AdminRoutes"]
+__all__ = ["AdminRoutes", "check_backend_url"]
+
+
+def check_backend_url(url: str) -> None:
+    """An ``http(s)://host[:port][/path]`` URL (400 otherwise: ``file://``, no host, ...)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise GatewayError(400, f"backend url {url[:200]!r} is not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise GatewayError(
+            400,
+            f"backend url must be http:// or https:// with a host, got {url[:200]!r}",
+        )
+    if any(c.isspace() or not c.isprintable() for c in url) or (port is not None and port == 0):
+        raise GatewayError(
+            400, f"backend url {url[:200]!r} has spaces, control characters or port 0"
+        )
+
 
 _MAX_VERSION = 256
 
@@ -49,7 +70,21 @@ class AdminRoutes(ControlRoutes):
             raise GatewayError(400, f"a backend's name must be a string, got {body['name']!r}")
         if kind not in BACKEND_KINDS:
             raise GatewayError(400, f"kind must be one of {BACKEND_KINDS}, got {kind!r}")
+        check_backend_url(body["url"])
+        replace = body.get("replace", False)
+        if not isinstance(replace, bool):
+            raise GatewayError(400, f"replace must be true or false, got {replace!r}")
+        name = body.get("name")
+        if name is not None and name in self.gw.pool.backends and not replace:
+            raise GatewayError(
+                409,
+                f"a backend named {name!r} exists ({self.gw.pool.backends[name].url}); send "
+                "'replace': true to replace it, or DELETE it first",
+                code="backend_exists",
+            )
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise GatewayError(400, f"model must be a string, got {model!r}")
         backend = self.gw.pool.add(
             BackendSpec(
                 url=str(body["url"]),

@@ -92,6 +92,50 @@ def query_number(request: Request, key: str, default: float) -> float:
     return value
 
 
+MAX_ID = 200  # characters of a session id (it is part of URLs)
+MAX_LABEL = 1024  # characters of a group or task id
+MAX_METADATA = 64 * 1024  # bytes of a session's metadata, as JSON
+MAX_METRICS = 256  # metrics of one completion
+MAX_METRIC_KEY = 128  # characters of a metric name
+MAX_ERROR = 16 * 1024  # characters of an error text kept (longer ones are cut in the middle)
+_ID_FORBIDDEN = frozenset('/\\?#%"<>|*') | frozenset(" \t\r\n")
+
+
+def check_session_id(value: str) -> str:
+    """A session id usable in every URL and header (400 otherwise): 1 to ``MAX_ID``
+    characters, printable, none of ``/ \\ ? # % " < > | *`` or spaces, no ``..``."""
+    if not value or len(value) > MAX_ID:
+        raise GatewayError(
+            400,
+            f"session_id must be 1 to {MAX_ID} characters, got {len(value)}",
+            code="invalid_session_id",
+        )
+    bad = sorted({c for c in value if c in _ID_FORBIDDEN or not c.isprintable()})
+    if bad or ".." in value:
+        what = f"characters {bad!r}" if bad else "'..'"
+        raise GatewayError(
+            400,
+            f"session_id {value[:80]!r} contains {what}: use letters, digits and '-_.:@+=~'",
+            code="invalid_session_id",
+        )
+    return value
+
+
+def json_number(value: Any, what: str) -> float:
+    """A JSON number that is finite (400 for strings, booleans, NaN, infinities)."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise GatewayError(400, f"{what} must be a finite JSON number, got {value!r}")
+    return float(value)
+
+
+def cut_text(text: str, limit: int = MAX_ERROR) -> str:
+    """``text`` cut to about ``limit`` characters, keeping its start and its end."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+
+
 def same_key(given: str, key: str) -> bool:
     """Constant-time comparison of a presented key with the admin key."""
     return hmac.compare_digest(given.encode("utf-8"), key.encode("utf-8"))

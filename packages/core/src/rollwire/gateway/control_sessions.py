@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -15,8 +16,14 @@ from starlette.routing import Route
 from rollwire.data.protocol import TERMINAL_STATUSES, Rollout
 from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.gateway.control_base import (
+    MAX_LABEL,
+    MAX_METADATA,
+    MAX_METRIC_KEY,
+    MAX_METRICS,
     ControlRoutes,
-    finite,
+    check_session_id,
+    cut_text,
+    json_number,
     json_response,
     positive_int,
     positive_seconds,
@@ -74,6 +81,23 @@ def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
             body[key] = str(value)  # a numeric task index names the task as well
         elif value is not None and not isinstance(value, str):
             raise GatewayError(400, f"{key} must be a string, got {value!r}", code="invalid_field")
+        elif isinstance(value, str) and len(value) > MAX_LABEL:
+            raise GatewayError(
+                400, f"{key} is over {MAX_LABEL} characters ({len(value)})", code="invalid_field"
+            )
+    if body.get("session_id") is not None:
+        check_session_id(body["session_id"])
+    if body.get("metadata") and len(orjson.dumps(body["metadata"])) > MAX_METADATA:
+        raise GatewayError(
+            400, f"metadata is over {MAX_METADATA} bytes as JSON", code="invalid_field"
+        )
+    sampling_in = body.get("sampling") or {}
+    if "stream" in sampling_in:
+        raise GatewayError(
+            400,
+            "sampling must not set 'stream': whether to stream is the agent's choice per call",
+            code="invalid_field",
+        )
     aop = body.get("allow_off_policy")
     if aop is None:
         aop = False
@@ -179,6 +203,13 @@ class SessionRoutes(ControlRoutes):
         self.require_admin(request)
         q = request.query_params
         limit = q.get("limit")
+        offset = q.get("offset") or "0"
+        if not (offset.isascii() and offset.isdigit() and len(offset) <= 12):
+            raise GatewayError(
+                400,
+                f"offset must be a non-negative integer, got {offset[:40]!r}",
+                code="invalid_query",
+            )
         if limit and not (
             limit.isascii()
             and limit.isdigit()
@@ -194,8 +225,16 @@ class SessionRoutes(ControlRoutes):
             group_id=q.get("group_id") or None,
             status=q.get("status") or None,
             limit=int(limit) if limit else None,
+            offset=int(offset),
         )
-        return json_response({"sessions": [r.info() for r in recs]})
+        now = time.time()
+        if q.get("status") == "running":
+            # Past their TTL they are timed out when next touched; they are not running.
+            recs = [r for r in recs if r.expires_at is None or r.expires_at >= now]
+        page: dict[str, Any] = {"sessions": [r.info() for r in recs]}
+        if limit and len(recs) >= int(limit):
+            page["next_offset"] = int(offset) + int(limit)
+        return json_response(page)
 
     async def session_calls(self, request: Request) -> Response:
         self.require_admin(request)
@@ -252,9 +291,11 @@ class SessionRoutes(ControlRoutes):
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         if not (self.gw.admin_key is None or same_key(token, self.gw.admin_key)):
             try:
-                owner = self.gw.signer.verify(token) if token else None
+                owner, incarnation = self.gw.signer.verify_full(token) if token else (None, None)
             except TokenError:
-                owner = None
+                owner, incarnation = None, None
+            if owner == sid and incarnation is not None:
+                self.gw.check_incarnation(await self.load(sid), incarnation)
             if owner != sid:
                 self.gw.metrics.error("unauthorized_admin")
                 raise GatewayError(
@@ -273,14 +314,23 @@ class SessionRoutes(ControlRoutes):
             )
         reward = body.get("reward")
         if reward is not None:
-            reward = finite(reward, "reward")
+            reward = json_number(reward, "reward")
         metrics = body.get("metrics") or {}
         if not isinstance(metrics, dict):
             raise GatewayError(400, f"metrics must be an object of numbers, got {metrics!r}")
-        metrics = {str(k): finite(v, f"metrics[{k!r}]") for k, v in metrics.items()}
+        if len(metrics) > MAX_METRICS:
+            raise GatewayError(400, f"at most {MAX_METRICS} metrics, got {len(metrics)}")
+        for k in metrics:
+            if len(k) > MAX_METRIC_KEY:
+                raise GatewayError(
+                    400, f"metric name {k[:40]!r}... is over {MAX_METRIC_KEY} characters"
+                )
+        metrics = {str(k): json_number(v, f"metrics[{k!r}]") for k, v in metrics.items()}
         error = body.get("error")
         if error is not None and not isinstance(error, str):
             raise GatewayError(400, f"error must be a string, got {error!r}")
+        if error is not None:
+            error = cut_text(error)
         # From here on new calls of the session are refused (409), so none lands after the
         # completion; calls already in flight are let in first.
         closing = sid not in self.gw.closing

@@ -76,6 +76,10 @@ class GatewayPort(Protocol):
         """A signed data-plane token for the session."""
         ...
 
+    def check_incarnation(self, rec: SessionRecord, incarnation: str | None) -> None:
+        """Refuse (401) a token issued for an earlier session that had this id."""
+        ...
+
     def session_finished(self, rec: SessionRecord) -> None:
         """Called when a session became terminal."""
         ...
