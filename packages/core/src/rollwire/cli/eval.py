@@ -94,7 +94,7 @@ def evaluate(
         client, task_list = _setup(
             stack, demo, agent, tasks, runner, gateway, admin_key, backend, concurrency, deadline
         )
-        client.progress = progress and sys.stderr.isatty()
+        client.progress = progress  # the client stays quiet when stderr is not a terminal
         kept: dict[str, Any] = {}
         try:
             result = run_eval(

@@ -27,9 +27,17 @@ from rollwire.trainer.runners.base import RateLimiter, Runner
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from rollwire.evaluation import EvalResult, EvalSetting
+
 __all__ = ["GatewayUnavailable", "RolloutClient", "RunStats", "task_id_of"]
 
 log = logging.getLogger(__name__)
+
+
+def _settings(settings: Sequence[EvalSetting | Mapping[str, Any]]) -> list[EvalSetting]:
+    from rollwire.evaluation import EvalSetting
+
+    return [s if isinstance(s, EvalSetting) else EvalSetting.from_sampling(s) for s in settings]
 
 
 def task_id_of(task: Mapping[str, Any], index: int) -> str:
@@ -122,6 +130,7 @@ class RolloutClient(RolloutDriver):
         self.progress = progress
         self.session_options = dict(session_options or {})
         self.stats = RunStats()
+        self._progress_started = time.monotonic()
         self._runner_spec = runner
         self._runner: Runner | None = None  # built from a spec, kept across runs
         self._app = app
@@ -217,6 +226,56 @@ class RolloutClient(RolloutDriver):
         async for group in self._stream(list(tasks), []):
             yield group
 
+    def evaluate(
+        self,
+        tasks: Iterable[Mapping[str, Any]],
+        settings: Sequence[EvalSetting | Mapping[str, Any]],
+        *,
+        k: int = 8,
+        ks: Sequence[int] | None = None,
+        success_threshold: float = 1.0,
+        confidence: float = 0.95,
+    ) -> EvalResult:
+        """Run every task ``k`` times at each sampling setting (an :class:`EvalSetting` or a
+        sampling dict) and score them: mean reward, success rate, pass@k (see
+        :mod:`rollwire.evaluation`). Evaluation rollouts are marked non-trainable."""
+        from rollwire.evaluation import run_eval
+
+        return run_eval(
+            self,
+            list(tasks),
+            _settings(settings),
+            k=k,
+            ks=ks,
+            success_threshold=success_threshold,
+            failure_reward=self.failure_reward,
+            confidence=confidence,
+        )
+
+    async def aevaluate(
+        self,
+        tasks: Iterable[Mapping[str, Any]],
+        settings: Sequence[EvalSetting | Mapping[str, Any]],
+        *,
+        k: int = 8,
+        ks: Sequence[int] | None = None,
+        success_threshold: float = 1.0,
+        confidence: float = 0.95,
+    ) -> EvalResult:
+        """Async :meth:`evaluate`."""
+        from rollwire.evaluation import arun_eval
+
+        return await arun_eval(
+            self,
+            list(tasks),
+            _settings(settings),
+            k=k,
+            ks=ks,
+            success_threshold=success_threshold,
+            failure_reward=self.failure_reward,
+            confidence=confidence,
+        )
+
     # -- internals ------------------------------------------------------------------------------
 
     def _get_runner(self) -> tuple[Runner, bool]:
@@ -282,23 +341,32 @@ class RolloutClient(RolloutDriver):
     def _progress(self, total: int) -> tuple[Progress | None, TaskID | None]:
         if not self.progress:
             return None, None
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
             Progress,
             TextColumn,
             TimeElapsedColumn,
+            TimeRemainingColumn,
         )
 
+        console = Console(stderr=True)
+        if not console.is_terminal:
+            return None, None  # a log file or a pipe gets the summary, not a redrawn bar
         progress = Progress(
             TextColumn("rollouts"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.description}"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
         )
         bar = progress.add_task("", total=total)
         progress.start()
+        self._progress_started = time.monotonic()
         return progress, bar
 
     def _tick(self, progress: Progress | None, bar: TaskID | None, rollout: Rollout) -> None:
@@ -311,7 +379,13 @@ class RolloutClient(RolloutDriver):
         else:
             s.failed += 1
         if progress is not None and bar is not None:
-            progress.update(bar, advance=1, description=f"failed {s.failed}")
+            elapsed = max(time.monotonic() - self._progress_started, 1e-9)
+            progress.update(
+                bar,
+                advance=1,
+                description=f"completed {s.completed}, failed {s.failed}, "
+                f"{s.calls / elapsed:.1f} calls/s",
+            )
 
     async def _group(
         self,
