@@ -147,6 +147,10 @@ class RolloutRunner:
         """The payload the handler is called with in a rollout (here: the payload itself)."""
         return payload
 
+    def view_context(self, payload: Mapping[str, Any], ctx: InvocationContext) -> Any:
+        """The ``context`` the handler is called with in a rollout (here: ``ctx`` itself)."""
+        return ctx
+
     def read_result(self, result: Any) -> tuple[float, dict[str, float]]:
         """``(reward, metrics)`` from the handler's result; raises when there is no reward."""
         return outcome_from_result(result)
@@ -174,7 +178,7 @@ class RolloutRunner:
     # -- running rollouts -------------------------------------------------------------------------
 
     async def _call_handler(
-        self, payload: Any, ctx: InvocationContext, *, rollout: bool = False, offload: bool = False
+        self, payload: Any, ctx: Any, *, rollout: bool = False, offload: bool = False
     ) -> Any:
         """Call the entrypoint; with ``offload`` (served over HTTP) an ``async def`` handler runs
         on the worker loop, so a handler that blocks its loop does not delay ``/ping``."""
@@ -283,8 +287,8 @@ class RolloutRunner:
             remaining = rc.remaining()
             if remaining is not None and remaining <= 0:
                 raise asyncio.TimeoutError
-            view = self.view_payload(payload, ctx)
-            result = await asyncio.wait_for(self._guarded(view, ctx, offload), timeout=remaining)
+            view, hctx = self.view_payload(payload, ctx), self.view_context(payload, ctx)
+            result = await asyncio.wait_for(self._guarded(view, hctx, offload), timeout=remaining)
             reward, metrics = self.read_result(result)
             return RolloutOutcome("completed", reward, metrics)
         except asyncio.TimeoutError:
@@ -306,7 +310,7 @@ class RolloutRunner:
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, a custom BaseException
             return self._failed(rc, exc)
 
-    async def _guarded(self, payload: Any, ctx: InvocationContext, offload: bool = False) -> Any:
+    async def _guarded(self, payload: Any, ctx: Any, offload: bool = False) -> Any:
         # a TimeoutError of the handler itself must not read as the deadline's (wait_for's)
         try:
             return await self._call_handler(payload, ctx, rollout=True, offload=offload)
