@@ -61,3 +61,58 @@ def load_agent(folder: Path, name: str) -> ModuleType:
         return module
     finally:
         sys.path.remove(str(folder))
+
+
+class AgentProcess:
+    """``uvicorn module:app`` in a child process on a free loopback port, always stopped."""
+
+    def __init__(self, folder: Path, target: str, env: dict[str, str]) -> None:
+        import os
+
+        from rollwire.agent.serving import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._cmd = [
+            sys.executable, "-m", "uvicorn", target, "--app-dir", str(folder),
+            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+        ]  # fmt: skip
+        self._env = {**os.environ, **env}
+        self._proc: Any = None
+
+    def __enter__(self) -> AgentProcess:
+        import subprocess
+        import time
+
+        import httpx
+
+        self._proc = subprocess.Popen(self._cmd, env=self._env)
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"{self._cmd} exited with {self._proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/ping", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.__exit__()
+        raise TimeoutError(f"the agent at {self.url} did not answer /ping within 60s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except Exception:
+                self._proc.kill()
+                self._proc.wait(5)
+
+
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-west-2",
+    "AWS_REGION": "us-west-2",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}

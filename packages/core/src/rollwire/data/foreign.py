@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "PAYLOAD_FORMATS",
     "REWARD_KEYS",
     "RUNTIME_CONFIG_KEY",
     "RUNTIME_ENVELOPE_KEY",
@@ -24,6 +25,8 @@ __all__ = [
     "TOOLKIT_KEY",
     "ForeignResult",
     "ListReward",
+    "PayloadFormat",
+    "foreign_payload",
     "read_result",
     "read_s3_result",
     "reduce_rewards",
@@ -207,3 +210,30 @@ def sagemaker_request(
         "model_name": rollwire.get("model") or "policy",
         "model_endpoint": str(rollwire["base_url"]),
     }
+
+
+PayloadFormat = Literal["rollwire", "agentcore-rl-toolkit", "agentcore-runtime"]
+PAYLOAD_FORMATS: tuple[str, ...] = ("rollwire", "agentcore-rl-toolkit", "agentcore-runtime")
+
+
+def foreign_payload(payload: Mapping[str, Any], payload_format: str) -> dict[str, Any]:
+    """A rollout payload (row + ``_rollwire``) with the keys an unmodified agent of another
+    toolkit reads: gen-1's ``_rollout``, or gen-2's ``_config`` and a background start envelope.
+    ``"rollwire"`` adds nothing."""
+    if payload_format not in PAYLOAD_FORMATS:
+        raise ValueError(
+            f"payload_format must be one of {list(PAYLOAD_FORMATS)}, got {payload_format!r}"
+        )
+    out = dict(payload)
+    rollwire = payload["_rollwire"]
+    if payload_format == "agentcore-rl-toolkit":
+        out[TOOLKIT_KEY] = toolkit_rollout(rollwire)
+    elif payload_format == "agentcore-runtime":
+        out[RUNTIME_CONFIG_KEY] = runtime_config(rollwire)
+        out[RUNTIME_ENVELOPE_KEY] = {
+            "version": 1,
+            "operation": "start",
+            "invocation_id": str(rollwire["session_id"]),
+            "background": True,
+        }
+    return out

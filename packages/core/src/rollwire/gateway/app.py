@@ -40,6 +40,7 @@ from rollwire.gateway.backends import BackendPool
 from rollwire.gateway.config import BackendSpec, GatewayConfig
 from rollwire.gateway.control import build_control_app
 from rollwire.gateway.errors import GatewayError
+from rollwire.gateway.foreign_results import SESSION_CONTROL_PATHS, foreign_result_routes
 from rollwire.gateway.metrics import GatewayMetrics
 from rollwire.gateway.sampling import apply_sampling, check_sampling
 from rollwire.gateway.security import TokenError, TokenSigner, new_secret
@@ -116,6 +117,7 @@ class Gateway:
             total=cfg.upstream_timeout, sock_connect=cfg.connect_timeout
         )
         self._extra_routes: list[BaseRoute] = list(ui_routes(self))  # the /ui dashboard
+        self._extra_routes.extend(foreign_result_routes(self))  # S3 / SageMaker result channels
         self._control = build_control_app(self, self._extra_routes)
         if cfg.open:
             log.warning(
@@ -200,7 +202,7 @@ class Gateway:
             if path.startswith("/s/"):
                 rest = path[3:]
                 slash = rest.find("/")
-                if slash > 0:
+                if slash > 0 and rest[slash:] not in SESSION_CONTROL_PATHS:
                     await self._data_plane(scope, receive, send, rest[:slash], rest[slash:])
                     return
             elif path.startswith("/v1/"):

@@ -329,6 +329,19 @@ class SessionRoutes(ControlRoutes):
         error = body.get("error")
         if error is not None and not isinstance(error, str):
             raise GatewayError(400, f"error must be a string, got {error!r}")
+        rec = await self.finish(sid, status, reward, metrics, error)
+        return json_response(rec.info())
+
+    async def finish(
+        self,
+        sid: str,
+        status: str,
+        reward: float | None,
+        metrics: dict[str, float],
+        error: str | None,
+    ) -> SessionRecord:
+        """Record a session's terminal record (the one path every result channel ends in):
+        404 for an unknown session, 409 when it already holds a different record."""
         if error is not None:
             error = cut_text(error)
         # From here on new calls of the session are refused (409), so none lands after the
@@ -358,7 +371,7 @@ class SessionRoutes(ControlRoutes):
                 self.gw.closing.discard(sid)
         if changed or rec.terminal:
             self.gw.session_finished(rec)
-        return json_response(rec.info())
+        return rec
 
     async def wait(self, request: Request) -> Response:
         self.require_admin(request)

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rollwire.data.foreign import PAYLOAD_FORMATS
 from rollwire.data.protocol import CaptureMode, Group, Rollout
 from rollwire.trainer.control_plane import ControlPlane, GatewayUnavailable
 from rollwire.trainer.rollout_driver import RolloutDriver
@@ -80,6 +81,9 @@ class RolloutClient(RolloutDriver):
     Control-plane calls are retried while the gateway is unreachable, for up to
     ``gateway_timeout`` seconds; after that the run is aborted with :class:`GatewayUnavailable`.
     A runner built from a spec is kept across runs; :meth:`close`/:meth:`aclose` release it.
+    ``payload_format`` adds the keys unmodified agents of another toolkit read
+    (``"agentcore-rl-toolkit"``: gen-1's ``_rollout``; ``"agentcore-runtime"``: gen-2's
+    ``_config`` and start envelope); ``_rollwire`` is always there.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class RolloutClient(RolloutDriver):
         progress: bool = False,
         session_options: Mapping[str, Any] | None = None,
         gateway_options: Mapping[str, Any] | None = None,
+        payload_format: str = "rollwire",
     ) -> None:
         if group_size < 1:
             raise ValueError(f"group_size must be at least 1, got {group_size}")
@@ -129,6 +134,11 @@ class RolloutClient(RolloutDriver):
         self.drop_failed_groups = drop_failed_groups
         self.progress = progress
         self.session_options = dict(session_options or {})
+        if payload_format not in PAYLOAD_FORMATS:
+            raise ValueError(
+                f"payload_format must be one of {list(PAYLOAD_FORMATS)}, got {payload_format!r}"
+            )
+        self.payload_format = payload_format
         self.stats = RunStats()
         self._progress_started = time.monotonic()
         self._runner_spec = runner

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rollwire.agent.context import PAYLOAD_KEY
+from rollwire.data.foreign import foreign_payload
 from rollwire.data.protocol import TERMINAL_STATUSES, CaptureMode, Rollout
 from rollwire.trainer.control_plane import (
     ControlPlane,
@@ -46,6 +47,7 @@ class RolloutDriver:
     gateway_timeout: float
     failure_reward: float
     session_options: dict[str, Any]
+    payload_format: str
     stats: RunStats
 
     async def _rollout(
@@ -93,6 +95,7 @@ class RolloutDriver:
                 "group_id": group_id,
                 "task_id": task_id,
             }
+            payload = foreign_payload(payload, self.payload_format)
             try:
                 problem = await self._deliver(gw, runner, payload, sid)
                 if problem is not None:
