@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -32,21 +31,12 @@ def _import_path() -> None:
 
 
 def _read_tasks(path: Path) -> list[dict[str, Any]]:
-    tasks: list[dict[str, Any]] = []
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise _fail(f"{path}:{lineno}: not JSON: {exc}") from exc
-            if not isinstance(obj, dict):
-                raise _fail(
-                    f"{path}:{lineno}: each line must be a JSON object (a task), got {type(obj).__name__}"
-                )
-            tasks.append(obj)
-    return tasks
+    from rollwire.data.tasks import read_tasks
+
+    try:
+        return read_tasks(path)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
 
 
 def run(
@@ -54,7 +44,10 @@ def run(
         None, "--agent", help="The agent app as MODULE:APP (needed by the local and ray runners)."
     ),
     tasks: Path = typer.Option(
-        ..., "--tasks", exists=True, dir_okay=False, help="JSONL file, one task (dict) per line."
+        ...,
+        "--tasks",
+        exists=True,
+        help="Tasks: JSONL, a JSON array, CSV, Parquet, or a local Hugging Face datasets folder.",
     ),
     group_size: int = typer.Option(
         4, "--group-size", "-n", min=1, help="Rollouts per task (the GRPO group)."
