@@ -5,7 +5,9 @@ Production code with two rollwire lines: ``app = RolloutApp(...)`` and ``openai_
 ``_rollwire`` key). The agent keeps the game, so it computes its own reward. An error of the
 agent or the game still returns a reward (-1.5, metric ``agent_error=1``); an infrastructure error
 (the model endpoint unreachable, 401/429/5xx) is raised, so the rollout is recorded ``failed``
-instead of training the policy on an outage (see :mod:`rollwire.envs.wordle.failures`).
+instead of training the policy on an outage (see :mod:`rollwire.envs.wordle.failures`). A guess
+written as text instead of a tool call is played, with a small penalty
+(:mod:`rollwire.envs.wordle.text_guess`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rollwire.agent.context import openai_client, rollout_create_kwargs
 from rollwire.envs.wordle.failures import scores_agent_errors
 from rollwire.envs.wordle.game import GUESS_TOOL, SYSTEM_PROMPT, WordleGame, task_prompt
 from rollwire.envs.wordle.reward import NO_VALID_GUESS, score_game
+from rollwire.envs.wordle.text_guess import TEXT_GUESS_PENALTY, parse_text_guess
 
 __all__ = ["app", "play", "secret_of"]
 
@@ -29,6 +32,7 @@ log = logging.getLogger(__name__)
 MAX_TURNS = 9
 #: Consecutive answers without a tool call after which the agent gives up.
 MAX_IDLE_TURNS = 2
+TOOL_REMINDER = "Call the guess_word tool with your next five-letter guess."
 
 app = RolloutApp(failure_reward=NO_VALID_GUESS)
 
@@ -57,7 +61,7 @@ def _play(payload: dict[str, Any]) -> dict[str, Any]:
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task_prompt(game.max_guesses)},
     ]
-    turns = idle = 0
+    turns = idle = text_guesses = 0
     try:
         while not game.over and turns < MAX_TURNS and idle < MAX_IDLE_TURNS:
             turns += 1
@@ -79,12 +83,18 @@ def _play(payload: dict[str, Any]) -> dict[str, Any]:
                     if tc.type == "function"
                 ]
             messages.append(assistant)
+            if not msg.tool_calls and (word := parse_text_guess(msg.content)) is not None:
+                text_guesses += 1  # a guess written as text: played, with a small penalty
+                idle = 0
+                feedback = game.guess(word).text
+                messages.append({"role": "user", "content": f"{feedback}\n{TOOL_REMINDER}"})
+                continue
             if not msg.tool_calls:
                 idle += 1
                 messages.append(
                     {
                         "role": "user",
-                        "content": "Call the guess_word tool with your next five-letter guess.",
+                        "content": TOOL_REMINDER,
                     }
                 )
                 continue
@@ -100,7 +110,9 @@ def _play(payload: dict[str, Any]) -> dict[str, Any]:
     finally:
         client.close()
     score = score_game(game)
-    return {"reward": score.reward, "metrics": {**score.metrics(), "turns": float(turns)}}
+    reward = score.reward - TEXT_GUESS_PENALTY * text_guesses if game.history else score.reward
+    metrics = {**score.metrics(), "turns": float(turns), "text_guesses": float(text_guesses)}
+    return {"reward": reward, "metrics": metrics}
 
 
 def _run_tool(game: WordleGame, function: dict[str, Any]) -> str:
