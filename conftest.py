@@ -4,9 +4,25 @@ from __future__ import annotations
 
 import importlib.util
 
-# The verl adapter's tests need torch + verl, which the workspace venv deliberately lacks (no
-# multi-GB torch in `uv sync`). They run in their own venv: packages/adapter-verl/ci/run-tests.sh,
-# which .ci/run calls. Here they are left out of collection rather than skipped one by one.
-collect_ignore: list[str] = []
-if importlib.util.find_spec("verl") is None or importlib.util.find_spec("torch") is None:
-    collect_ignore.append("packages/adapter-verl/tests")
+# Two groups need a venv of their own, which the workspace venv deliberately is not (no multi-GB
+# torch in `uv sync`); .ci/run runs each in its venv. Here they are left out of collection rather
+# than skipped one by one, and the report header says so.
+# - the verl adapter's tests need torch + verl: packages/adapter-verl/ci/run-tests.sh
+# - the real-vLLM group needs vLLM's CPU build: tests/vllm/ci/run-tests.sh
+_SEPARATE = {
+    "packages/adapter-verl/tests": (("verl", "torch"), "packages/adapter-verl/ci/run-tests.sh"),
+    "tests/vllm": (("vllm", "torch"), "tests/vllm/ci/run-tests.sh"),
+}
+collect_ignore: list[str] = [
+    path
+    for path, (modules, _) in _SEPARATE.items()
+    if any(importlib.util.find_spec(m) is None for m in modules)
+]
+
+
+def pytest_report_header() -> list[str]:
+    """Name the groups this venv cannot run, and the script that runs each."""
+    return [
+        f"not collected here: {path} (needs {', '.join(_SEPARATE[path][0])}; run {_SEPARATE[path][1]})"
+        for path in collect_ignore
+    ]
