@@ -1,0 +1,91 @@
+"""SGLang's native routes of the engine: ``/generate`` (``input_ids`` or ``text``) and
+``/abort_request``."""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .http import _body, _HTTPError, _json, endpoint
+from .runtime import Engine, _apply_faults, _token_route_forced
+from .validation import _params
+
+__all__ = ["routes"]
+
+
+async def sglang_generate(engine: Engine, request: Request) -> Response:
+    tok = engine.tokenizer
+    body = await _body(request)
+    if body.get("input_ids") is not None:
+        ids = body["input_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise _HTTPError(
+                400,
+                "'input_ids' must be a list of ints (batches are not supported)",
+                param="input_ids",
+            )
+    elif isinstance(body.get("text"), str):
+        ids = tok.encode(body["text"])
+    else:
+        raise _HTTPError(
+            400, "send 'input_ids' (list of ints) or 'text' (string)", param="input_ids"
+        )
+    params = _params(body, engine, sglang=True)
+    draw = await _apply_faults(engine)
+    forced = _token_route_forced(engine, request, body, ids)
+    want = bool(body.get("return_routed_experts")) or engine.config.return_routed_experts
+    rid = str(body.get("rid") or uuid.uuid4().hex)
+    t0 = time.perf_counter()
+    [c] = await engine.complete(ids, [params], forced=forced, request_id=rid, want_experts=want)
+    if c.finish_reason == "stop":
+        matched: Any = c.stop_reason if c.stop_reason is not None else c.output_ids[-1]
+        finish: dict[str, Any] = {"type": "stop", "matched": matched}
+    elif c.finish_reason == "length":
+        finish = {"type": "length", "length": params.max_tokens}
+    else:
+        finish = {"type": "abort", "message": "aborted"}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(ids),
+        "completion_tokens": len(c.output_ids),
+        "cached_tokens": c.cached_tokens,
+        "weight_version": c.token_versions[-1] if c.token_versions else engine.weight_version,
+        "e2e_latency": time.perf_counter() - t0,
+    }
+    if body.get("return_logprob"):
+        meta["output_token_logprobs"] = [[v, t, None] for t, v in zip(c.output_ids, c.logprobs)]
+        if params.logprobs:
+            meta["output_top_logprobs"] = [
+                [[v, t, None] for t, v in top] for top in (c.top_logprobs or [])
+            ]
+    if want and c.routed_experts is not None:
+        meta["routed_experts"] = base64.b64encode(
+            c.routed_experts.astype(np.int32).tobytes()
+        ).decode()
+    out: dict[str, Any] = {"text": c.text, "output_ids": c.output_ids, "meta_info": meta}
+    if draw.drop_token_ids:
+        out.pop("output_ids", None)
+    return _json(out)
+
+
+async def sglang_abort(engine: Engine, request: Request) -> Response:
+    body = await _body(request)
+    rid = body.get("rid")
+    n = engine.scheduler.abort(None if body.get("abort_all") else [str(rid)] if rid else [])
+    return _json({"aborted": n})
+
+
+def routes(engine: Engine) -> list[Route]:
+    """The SGLang routes."""
+    return [
+        Route("/generate", endpoint(engine, sglang_generate), methods=["POST"]),
+        Route("/abort_request", endpoint(engine, sglang_abort), methods=["POST"]),
+    ]

@@ -1,0 +1,204 @@
+"""The engine behind the routes: model, tokenizer, scheduler, script and faults, and the calls
+every route makes (submit, run to completion, scripted replies, injected faults)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+
+from .config import EngineConfig
+from .faults import FaultDraw, FaultInjector
+from .http import _HTTPError, _session_id
+from .model import ModelConfig, TinyModel
+from .sampling import SamplingParams
+from .scheduler import Completion, GenerationRequest, Scheduler
+from .scripted import Script, load_script, messages_from_prompt
+from .tokenizer import EngineTokenizer
+
+__all__ = ["Engine"]
+
+logger = logging.getLogger("rollwire.engine.server")
+
+
+class Engine:
+    """Model, tokenizer, scheduler, script and faults behind the routes (one per app)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.model_dir is not None:
+            self.model = TinyModel.load(config.model_dir)
+        else:
+            mc = config.model or ModelConfig()
+            self.model = TinyModel(
+                replace(mc, seed=config.seed if config.model is None else mc.seed)
+            )
+        self.tokenizer: EngineTokenizer = self.model.tokenizer
+        self.weight_version = config.weight_version
+        self.scheduler = Scheduler(
+            self.model,
+            version=lambda: self.weight_version,
+            max_batch_size=config.max_batch_size,
+            seed=config.seed,
+            prefill_chunk_tokens=config.prefill_chunk_tokens,
+            prefix_cache_tokens=config.prefix_cache_tokens,
+        )
+        self.script: Script | None = (
+            load_script(config.scripted) if config.scripted is not None else None
+        )
+        self.faults = FaultInjector(config.faults)
+        self.created = int(time.time())
+
+    @property
+    def model_name(self) -> str:
+        """The id served by ``/v1/models``."""
+        return self.config.model_name
+
+    def forced_text(
+        self, messages: list[dict[str, Any]] | None, tools: Any, session_id: str | None
+    ) -> str | None:
+        """The assistant text the script forces for this request, or None."""
+        if self.script is None:
+            return None
+        try:
+            text = self.script.lookup(messages, tools, session_id)
+        except Exception as exc:
+            logger.exception("engine: the script raised")
+            raise _HTTPError(500, f"the script raised {type(exc).__name__}: {exc}") from exc
+        if text is not None and not isinstance(text, str):
+            raise _HTTPError(
+                500, f"the script returned {type(text).__name__}, expected str or None"
+            )
+        return text
+
+    def forced_ids(self, text: str | None) -> list[int] | None:
+        """Token ids of a forced text, ending in ``<|im_end|>`` (None stays None)."""
+        if text is None:
+            return None
+        return [*self.tokenizer.encode(text), self.tokenizer.eos_id]
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        emit: Callable[[Any], None],
+        *,
+        forced: list[int] | None = None,
+        stream: bool = False,
+        request_id: str | None = None,
+        want_experts: bool = False,
+    ) -> GenerationRequest:
+        """Queue one generation on the worker thread."""
+        if not prompt_ids:
+            raise _HTTPError(400, "the prompt is empty; send at least one token")
+        limit = self.model.config.max_model_len
+        if len(prompt_ids) + (len(forced) if forced else params.max_tokens) > limit:
+            raise _HTTPError(
+                400,
+                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len {limit}; shorten the prompt or lower max_tokens",
+            )
+        bad = [t for t in prompt_ids if not 0 <= t < self.model.config.vocab_size]
+        if bad:
+            raise _HTTPError(
+                400, f"token ids out of range [0, {self.model.config.vocab_size}): {bad[:5]}"
+            )
+        req = GenerationRequest(
+            prompt_ids=list(prompt_ids),
+            params=params,
+            emit=emit,
+            request_id=request_id or uuid.uuid4().hex,
+            forced_ids=forced,
+            stream=stream,
+            logprobs_mode=self.config.logprobs_mode,
+            want_experts=want_experts,
+        )
+        self.scheduler.submit(req)
+        return req
+
+    async def generate_many(
+        self,
+        prompt_ids: list[int],
+        params: list[SamplingParams],
+        *,
+        forced: list[int] | None = None,
+        stream: bool = False,
+        request_id: str | None = None,
+        want_experts: bool = False,
+    ) -> tuple[list[GenerationRequest], asyncio.Queue[tuple[int, Any]]]:
+        """Submit one request per ``params`` entry; events arrive on the queue as ``(index, event)``."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        reqs = []
+        for i, p in enumerate(params):
+
+            def emit(ev: Any, i: int = i) -> None:
+                with contextlib.suppress(RuntimeError):  # loop already closed: nobody is listening
+                    loop.call_soon_threadsafe(q.put_nowait, (i, ev))
+
+            rid = request_id if len(params) == 1 and request_id else None
+            reqs.append(
+                self.submit(
+                    prompt_ids,
+                    p,
+                    emit,
+                    forced=forced,
+                    stream=stream,
+                    request_id=rid,
+                    want_experts=want_experts,
+                )
+            )
+        return reqs, q
+
+    async def complete(
+        self, prompt_ids: list[int], params: list[SamplingParams], **kw: Any
+    ) -> list[Completion]:
+        """Run requests to completion (non-streaming)."""
+        reqs, q = await self.generate_many(prompt_ids, params, **kw)
+        done: dict[int, Completion] = {}
+        try:
+            while len(done) < len(reqs):
+                i, ev = await q.get()
+                if isinstance(ev, Exception):
+                    # Requests are validated before they reach the worker: anything it raises
+                    # is an engine bug, never the caller's fault.
+                    raise _HTTPError(500, f"engine error: {type(ev).__name__}: {ev}")
+                if isinstance(ev, Completion):
+                    done[i] = ev
+        finally:
+            for r in reqs:
+                if not r.aborted and len(done) < len(reqs):
+                    r.abort()
+        return [done[i] for i in range(len(reqs))]
+
+
+async def _apply_faults(engine: Engine) -> FaultDraw:
+    draw = engine.faults.draw()
+    if draw.latency_s:
+        await asyncio.sleep(draw.latency_s)
+    if draw.error:
+        raise _HTTPError(500, "injected fault: internal server error (--fault-error-rate)")
+    if draw.throttle:
+        raise _HTTPError(
+            429,
+            "injected fault: too many requests (--fault-throttle-rate); retry later",
+            headers={"Retry-After": str(engine.config.faults.retry_after_s)},
+        )
+    return draw
+
+
+def _token_route_forced(
+    engine: Engine, request: Request, body: dict[str, Any], ids: list[int]
+) -> list[int] | None:
+    if engine.script is None:
+        return None
+    # Token-in routes have no messages; recover the ChatML turns so regex rules still match.
+    messages = messages_from_prompt(engine.tokenizer.decode(ids))
+    return engine.forced_ids(engine.forced_text(messages, None, _session_id(request, body)))
