@@ -47,14 +47,14 @@ class _OnVLLM(AgentAdapterConformance):
 class TestOpenAIOnVLLM(_OnVLLM):
     @pytest.fixture
     def adapter(self) -> Any:
-        from rollwire.agents import openai as openai_agent
+        from rollwire.agent import openai as openai_agent
 
         return openai_agent.adapter
 
     def run_agent(
         self, model: Any, task: ToolTask, *, stream: bool, payload: Mapping[str, Any]
     ) -> str:
-        from rollwire.context import rollout_create_kwargs
+        from rollwire.agent.context import rollout_create_kwargs
 
         tools = {fn.__name__: fn for fn in task.tools}
         create = rollout_create_kwargs(payload, model=PRODUCTION_MODEL)

@@ -173,14 +173,30 @@ def serve(
 @engine_app.command("save-model")
 def save_model(
     directory: Path = typer.Argument(
-        ..., help="Folder to write config.json, weights.npz and tokenizer/ into."
+        ..., help="Folder to write the model into (created if missing)."
     ),
     seed: int = _SEED,
+    format: str = typer.Option(
+        "engine",
+        "--format",
+        help="engine: config.json, weights.npz and tokenizer/ (for --model-dir); hf: a "
+        "MixtralForCausalLM folder (safetensors, tokenizer, chat template) that transformers "
+        "and vLLM load, with the very same weights.",
+    ),
 ) -> None:
-    """Write the seeded model (config, weights and HF tokenizer folder) to DIRECTORY."""
+    """Write the seeded model to DIRECTORY, for the engine itself or as a Hugging Face folder."""
     from rollwire.engine.model import ModelConfig, TinyModel
 
-    out = TinyModel(ModelConfig(seed=seed)).save(directory)
+    if format not in ("engine", "hf"):
+        raise typer.BadParameter(f"--format must be engine or hf, got {format!r}")
+    model = TinyModel(ModelConfig(seed=seed))
+    if format == "hf":
+        from rollwire.engine.hf_export import save_hf
+
+        out = save_hf(model, directory)
+        typer.echo(f"wrote {out}: MixtralForCausalLM (config.json, model.safetensors, tokenizer)")
+        return
+    out = model.save(directory)
     typer.echo(f"wrote {out}/config.json, weights.npz and tokenizer/")
 
 

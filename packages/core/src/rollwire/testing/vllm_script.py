@@ -56,7 +56,7 @@ class ScriptedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]
 
     def _forced_ids(self, prompt_ids: list[int]) -> list[int] | None:
         assert self._script is not None
-        prompt = self._tok.decode(prompt_ids, skip_special_tokens=False)
+        prompt = str(self._tok.decode(prompt_ids, skip_special_tokens=False))
         text = self._script.lookup(messages_from_prompt(prompt), None, None)
         if text is None:
             return None
