@@ -111,7 +111,7 @@ def test_captured_calls_are_what_vllm_samples(
     s = client.create_session(capture=capture, sampling=sampling)
     assert _run_arithmetic(s.base_url, stream) == "The answer is 20."
     # and a reply the model samples itself (greedy), nothing scripted, in a session of its own
-    free = client.create_session(capture=capture, sampling={**sampling, "temperature": 0.0})
+    free = client.create_session(capture=capture, sampling={"temperature": 0.0, "max_tokens": 16})
     oai = openai.OpenAI(base_url=free.base_url, api_key="unused", max_retries=0)
     _assistant(oai, [{"role": "user", "content": "Tell me about the weather."}], stream)
     calls = client.calls(s.session_id) + client.calls(free.session_id)
