@@ -100,3 +100,45 @@ def test_make_sink_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tensorboard.summary", None)
     with pytest.raises(MissingSinkExtra, match=r'pip install "rollwire\[tensorboard\]"'):
         make_sink("tensorboard:/tmp/x")
+
+
+def _tensorboard_scalars(where: Path) -> dict[str, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(where), size_guidance={"tensors": 0})
+    acc.Reload()
+    return {
+        name: float(tensor_util.make_ndarray(acc.Tensors(name)[-1].tensor_proto))
+        for name in acc.Tags()["tensors"]
+    }
+
+
+def test_run_and_eval_log_to_a_sink(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollwire.cli import app
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"task_id": "t0", "secret": "crane"}\n')
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        ["run", "--agent", "rollwire.envs.wordle.agent_openai:app", "--tasks", str(tasks),
+         "-n", "2", "--backend", "embedded", "--max-tokens", "8", "--no-progress",
+         "--out", str(tmp_path / "r.jsonl"), "--metrics", f"tensorboard:{tmp_path / 'tb'}"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "drift" in result.output and "logged this run's statistics" in result.output
+    scalars = _tensorboard_scalars(tmp_path / "tb")
+    assert scalars["rollouts/total"] == 2 and scalars["rollouts/groups"] == 1
+    assert scalars["calls/total"] >= 2 and scalars["calls/per_s"] > 0
+    result = runner.invoke(
+        app,
+        ["eval", "--demo", "1", "-t", "0", "-t", "1", "--k", "2", "--no-progress",
+         "--out", str(tmp_path / "e.json"), "--metrics", f"tensorboard:{tmp_path / 'tb-eval'}"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ev = _tensorboard_scalars(tmp_path / "tb-eval")
+    assert set(ev) >= {"eval/temperature=0/pass@2", "eval/temperature=1/mean_reward"}
+    assert 0.0 <= ev["eval/temperature=1/success_rate"] <= 1.0

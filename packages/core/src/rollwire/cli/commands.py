@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rollwire.cli.run_summary import METRICS_HELP, report_run
+
 __all__ = ["demo", "export", "run"]
 
 console = Console()
@@ -82,6 +84,7 @@ def run(
         Path("rollouts.jsonl"), "--out", "-o", help="Where to write the rollouts (JSONL)."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    metrics: str = typer.Option(None, "--metrics", help=METRICS_HELP),
 ) -> None:
     """Run tasks as groups of rollouts through a gateway and write them to a JSONL file."""
     from rollwire.agent.app import load_app
@@ -156,6 +159,7 @@ def run(
         f"wrote {n} rollouts ({len(groups)} groups) to {out}: {s.completed} completed, {s.failed} failed "
         f"({s.statuses}), {s.calls} model calls in {s.wall_s:.1f}s"
     )
+    report_run(console, groups, s.wall_s, metrics)
 
 
 def export(

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from rollwire.cli.run_summary import METRICS_HELP, log_eval
+
 __all__ = ["evaluate"]
 
 console = Console()
@@ -77,6 +79,7 @@ def evaluate(
     ),
     plot: Path = typer.Option(None, "--plot", help="A PNG of pass@k per setting (matplotlib)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    metrics: str = typer.Option(None, "--metrics", help=METRICS_HELP),
 ) -> None:
     """Evaluate at your serving settings: mean reward, success rate and pass@k per setting."""
     from rollwire.evaluation import EvalSetting, result_table, run_eval
@@ -125,6 +128,8 @@ def evaluate(
             console.print(f"wrote {plot_result(result, plot)}")
         except MissingPlotExtra as exc:
             raise _fail(str(exc)) from exc
+    if metrics:
+        log_eval(console, result, metrics)
     if demo:
         console.print(
             "[bold yellow]note:[/bold yellow] the demo's guesses are chosen by a scripted solver "

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rollwire.data.protocol import Group, Rollout, Row, group_rollouts
-from rollwire.data.trajectory import TrajectoryBuilder, TokenizerLike
+from rollwire.data.trajectory import TokenizerLike, TrajectoryBuilder
 from rollwire.report.summary import summarize
 
 __all__ = ["step_metrics"]
