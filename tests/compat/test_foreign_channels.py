@@ -128,3 +128,54 @@ def test_unmodified_toolkit_container_reports_through_the_gateways_s3_route(
     assert [r.status for r in rollouts] == ["completed"] * 4, [r.error for r in rollouts]
     assert [r.reward for r in rollouts] == [1.0, 1.0, 0.0, 0.0]
     assert all(len(r.calls) == 2 for r in rollouts)
+
+
+@pytest.fixture
+def moto_s3() -> Iterator[str]:
+    pytest.importorskip("moto")
+    from moto.server import ThreadedMotoServer
+
+    from rollwire.agent.serving import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def test_unmodified_toolkit_container_via_a_real_s3_bucket_and_the_polling_runner(
+    gateway: Any, moto_s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("agentcore_rl_toolkit", reason="the toolkit needs Python 3.11+")
+    import boto3
+
+    from rollwire.trainer.runners import HttpRunner
+    from rollwire.trainer.runners.s3 import S3ResultRunner
+
+    for k, v in FAKE_AWS.items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3", endpoint_url=moto_s3)
+    s3.create_bucket(
+        Bucket="rl-results", CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+    )
+    env = {**FAKE_AWS, "AWS_ENDPOINT_URL_S3": moto_s3}
+    with AgentProcess(AGENTS, "gen1_rl_app:app", env) as agent:
+        runner = S3ResultRunner(HttpRunner([agent.url]), "rl-results", s3=s3, poll_interval=0.2)
+        with RolloutClient(
+            gateway,
+            runner=runner,
+            group_size=2,
+            deadline=120,
+            payload_format="agentcore-rl-toolkit",
+        ) as client:
+            groups = client.run(TASKS)
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert [r.status for r in rollouts] == ["completed"] * 4, [r.error for r in rollouts]
+    assert [r.reward for r in rollouts] == [1.0, 1.0, 0.0, 0.0]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="rl-results")["Contents"]]
+    assert len(keys) == 4 and all(k.endswith(".json") for k in keys)  # the results stayed in S3
+    saved = json.loads(s3.get_object(Bucket="rl-results", Key=keys[0])["Body"].read())
+    assert saved["status_code"] == 200 and saved["rewards"] in (0.0, 1.0)
