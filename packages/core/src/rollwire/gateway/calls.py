@@ -114,6 +114,11 @@ def parse_request(raw: bytes) -> dict[str, Any]:
         raise GatewayError(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise GatewayError(400, "request body must be a JSON object")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(
+            400, f"stream must be true or false, got {stream!r}", code="invalid_stream"
+        )
     if body.get("tools") == []:
         del body["tools"]  # vLLM rejects an empty tool list; Strands always sends one
     return body

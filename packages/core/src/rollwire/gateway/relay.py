@@ -70,6 +70,18 @@ async def forward_stream(
             resp.release()
             backend.in_flight -= 1
         return await upstream_refused(gw, call, commit, resp.status, payload, t0)
+    if resp.content_type != "text/event-stream":
+        # Not a stream at all (a proxy's JSON or HTML page): say so, never an empty 200 stream.
+        try:
+            head = (await resp.content.read(300)).decode("utf-8", "replace")
+        finally:
+            resp.release()
+            backend.in_flight -= 1
+        message = (
+            f"inference backend {backend.name} answered a stream request with "
+            f"{resp.content_type or 'no content type'}, not text/event-stream: {head!r}"
+        )
+        return await fail_call(gw, call, commit, 502, message, "upstream_not_sse", t0)
     relay = StreamRelay(gw, call, resp, backend, asked, chat, t0, commit)
     return StreamingResponse(
         relay.run(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
