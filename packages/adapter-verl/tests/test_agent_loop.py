@@ -35,6 +35,7 @@ from rollwire.testing import (  # noqa: E402
 )
 from rollwire.trainer.gateway_client import GatewayAPIError  # noqa: E402
 from rollwire_verl import agent_loop as al  # noqa: E402
+from rollwire_verl import resources  # noqa: E402
 from rollwire_verl.agent_loop import (  # noqa: E402
     RolloutFailedError,
     RollwireAgentLoop,
@@ -93,9 +94,9 @@ def test_forked_rollout_returns_a_list_with_reward_extra_info_on_the_final() -> 
     assert outs[1].extra_fields["fork"] == "other" and outs[1].extra_fields["row_index"] == 1
     for o in outs:
         _valid(o)
-    (last,) = _outputs(forked_rollout(), multi_row="last")
+    (last,) = _outputs(forked_rollout(), multi_row="last", reward_extra_keys=["turns"])
     assert last.response_ids == outs[-1].response_ids
-    assert "reward_extra_info" in last.extra_fields
+    assert last.extra_fields["reward_extra_info"] == {"turns": 3.0, "turns_present": 1.0}
 
 
 def test_routed_experts_are_handed_over_as_int16() -> None:
@@ -620,7 +621,7 @@ async def test_run_discovers_verls_servers_when_no_gateway_is_configured(
         out = await loop.run({"temperature": 1.0}, **VERL_ROW, global_steps=4)
         assert isinstance(out, AgentLoopOutput) and out.reward_score == 1.0
         assert out.extra_fields["max_global_steps"] is not None
-        (res,) = al._RESOURCES.values()
+        (res,) = resources._RESOURCES.values()
         assert res.settings.backends == (engine.url,)
     finally:
         await al.aclose_resources()
@@ -660,9 +661,10 @@ def test_shipped_yaml_instantiates_the_loop_like_verl(
     custom.write_text(
         pathlib.Path(rollwire_verl.AGENT_LOOP_CONFIG_PATH).read_text()
         + "  gateway_url: http://gw:8000\n  admin_key: k\n  multi_row: last\n"
-        + "  model: served\n  backends: ['10.0.0.1:8000']\n"
+        + "  model: served\n  backends: ['10.0.0.1:8000']\n  reward_extra_keys: [acc]\n"
     )
     loop = load(str(custom))
+    assert loop.settings.reward_extra_keys == ("acc",)
     assert loop.settings.gateway_url == "http://gw:8000" and loop.settings.multi_row == "last"
     assert loop.model == "served" and loop.settings.backends == ("http://10.0.0.1:8000",)
 

@@ -366,12 +366,13 @@ def test_completed_rollout_without_calls_is_a_placeholder() -> None:
     assert dp.non_tensor_batch["status"][1] == "completed"
     assert dp.batch["rm_scores"][1, 0].item() == 0.25
     assert int(dp.batch["response_mask"][1].sum()) == 0
-    # limits and the drop policy keep it (1 + 1 tokens always fit)
+    # limits and the drop policy keep it (1 + 1 tokens always fit), when its group is kept
     dp, report = to_dataproto(
         [group],
         max_prompt_length=2,
         max_response_length=2,
         overlong="drop",
+        keep_untrainable_groups=True,
         return_report=True,
     )
     assert list(dp.non_tensor_batch["rollout_id"]) == ["r0"] and report.dropped == 1
@@ -380,10 +381,11 @@ def test_completed_rollout_without_calls_is_a_placeholder() -> None:
         to_dataproto([_no_calls("r9", "completed", None)])
 
 
-def test_batch_of_only_placeholders_converts() -> None:
-    dp = to_dataproto(
-        [_no_calls("a", "failed", None), _no_calls("b", "timeout", None)], failure_reward=-2.0
-    )
+def test_batch_of_only_placeholders_converts_when_kept() -> None:
+    batch = [_no_calls("a", "failed", None), _no_calls("b", "timeout", None)]
+    with pytest.raises(ValueError, match="keep_untrainable_groups=True"):
+        to_dataproto(batch)  # by default a group without a trainable token is left out
+    dp = to_dataproto(batch, failure_reward=-2.0, keep_untrainable_groups=True)
     assert dp.batch["input_ids"].shape == (2, 2)
     assert dp.batch["attention_mask"].tolist() == [[1, 1], [1, 1]]
     assert dp.batch["rm_scores"].tolist() == [[-2.0], [-2.0]]

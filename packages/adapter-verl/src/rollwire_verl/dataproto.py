@@ -61,6 +61,7 @@ def to_dataproto(
     failure_reward: float = 0.0,
     routed_experts: bool | None = None,
     reward_extra_keys: Sequence[str] | None = None,
+    keep_untrainable_groups: bool = False,
     return_report: Literal[False] = False,
 ) -> DataProto: ...
 
@@ -79,6 +80,7 @@ def to_dataproto(
     failure_reward: float = 0.0,
     routed_experts: bool | None = None,
     reward_extra_keys: Sequence[str] | None = None,
+    keep_untrainable_groups: bool = False,
     return_report: Literal[True],
 ) -> tuple[DataProto, ConversionReport]: ...
 
@@ -96,6 +98,7 @@ def to_dataproto(
     failure_reward: float = 0.0,
     routed_experts: bool | None = None,
     reward_extra_keys: Sequence[str] | None = None,
+    keep_untrainable_groups: bool = False,
     return_report: bool = False,
 ) -> DataProto | tuple[DataProto, ConversionReport]:
     """A padded ``DataProto`` of ``batch`` (``Group``s, or ``Rollout``s grouped by ``group_id``).
@@ -104,7 +107,9 @@ def to_dataproto(
     group id, so verl's GRPO groups the rollouts of one task. With ``return_report`` also returns
     a :class:`ConversionReport` (rows dropped / truncated / failed / excluded / placeholders). A
     rollout without a usable model call is one masked placeholder row, never dropped (a failed
-    one only with ``include_failed``; see :mod:`rollwire_verl.layout`). Raises ValueError
+    one only with ``include_failed``; see :mod:`rollwire_verl.layout`). A task group none of whose
+    rows has a trainable token is left out (counted in the report; verl's OPO would give it NaN
+    advantages) unless ``keep_untrainable_groups``. Raises ValueError
     for an empty batch, a completed rollout without a reward, or when every row was dropped.
     """
     torch, data_proto = _import_torch_verl()
@@ -119,6 +124,7 @@ def to_dataproto(
         failure_reward=failure_reward,
         routed_experts=routed_experts,
         reward_extra_keys=reward_extra_keys,
+        keep_untrainable_groups=keep_untrainable_groups,
     )
     tensors = {k: torch.from_numpy(v) for k, v in arrays.tensors.items()}
     data = data_proto.from_dict(

@@ -27,6 +27,7 @@ mask, log-probs and routing with them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,6 +85,10 @@ class ConversionReport:
     #: placeholder rows laid out for rollouts without a usable model call (a failed one is also
     #: counted in ``failed``; one left out by ``include_failed=False`` in ``excluded_failed`` only)
     placeholders: int = 0
+    #: groups (``uid``) left out because none of their rows has a trainable token, and their rows
+    #: (verl's OPO divides by the group's token count: 0/0 = NaN on every row of such a group)
+    untrainable_groups: int = 0
+    untrainable_rows: int = 0
 
 
 @dataclass
@@ -288,6 +293,23 @@ def _slots(
     return slots, report
 
 
+def _uid(row: Row) -> str:
+    return row.group_id if row.group_id is not None else row.rollout_id
+
+
+def _drop_untrainable_groups(slots: list[_Slot]) -> tuple[list[_Slot], int, int]:
+    """``slots`` without the groups none of whose rows has a mask-1 token; (kept, groups, rows).
+
+    Such a group (every rollout failed, or none called the model) teaches nothing under any
+    estimator, and verl's OPO baseline — a response-length-weighted mean over the group — is
+    0/0 there, a NaN advantage on every row (NaN × mask 0 is still NaN in the loss).
+    """
+    trainable = {_uid(s.row) for s in slots if s.mask.any()}
+    kept = [s for s in slots if _uid(s.row) in trainable]
+    dropped_groups = len({_uid(s.row) for s in slots} - trainable)
+    return kept, dropped_groups, len(slots) - len(kept)
+
+
 def _object_array(values: Sequence[Any]) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = list(values)
@@ -305,6 +327,7 @@ def padded_arrays(
     failure_reward: float = 0.0,
     routed_experts: bool | None = None,
     reward_extra_keys: Sequence[str] | None = None,
+    keep_untrainable_groups: bool = False,
 ) -> PaddedBatch:
     """The verl layout of ``rows`` as NumPy arrays (see the module docstring for conventions).
 
@@ -314,7 +337,9 @@ def padded_arrays(
     all-zero ``response_mask`` unless ``include_failed=False``. A placeholder row (a rollout
     without a usable call, from :func:`build_layout_rows`) becomes one masked pad token of prompt
     and of response carrying the rollout's reward. ``routed_experts=None`` adds the
-    tensor when any row has routing.
+    tensor when any row has routing. A group (``uid``) with no trainable token at all is left
+    out and counted in the report (``untrainable_groups``/``_rows``) unless
+    ``keep_untrainable_groups``: verl's OPO advantage is NaN for it.
     """
     if overlong not in ("truncate", "drop"):
         raise ValueError(f"overlong must be 'truncate' or 'drop', got {overlong!r}")
@@ -334,10 +359,17 @@ def padded_arrays(
         include_failed=include_failed,
         failure_reward=failure_reward,
     )
+    if not keep_untrainable_groups:
+        slots, groups, dropped_rows = _drop_untrainable_groups(slots)
+        report = dataclasses.replace(
+            report, untrainable_groups=groups, untrainable_rows=dropped_rows
+        )
     if not slots:
         raise ValueError(
             f"no rows left to convert: {report.dropped} dropped as over-long, "
-            f"{report.excluded_failed} excluded as failed (of {report.rows} rows)"
+            f"{report.excluded_failed} excluded as failed, {report.untrainable_rows} in groups "
+            f"without a trainable token (of {report.rows} rows; keep_untrainable_groups=True "
+            "keeps those)"
         )
     b = len(slots)
     # a placeholder is one pad token of prompt and one of response (input_ids stays pad there)
@@ -422,7 +454,7 @@ def _place_experts(slots: Sequence[_Slot], p: int, r: int) -> np.ndarray:
 
 def _non_tensors(slots: Sequence[_Slot], extra_keys: Sequence[str] | None) -> dict[str, np.ndarray]:
     rows = [s.row for s in slots]
-    group_ids = [row.group_id if row.group_id is not None else row.rollout_id for row in rows]
+    group_ids = [_uid(row) for row in rows]
     out: dict[str, np.ndarray] = {
         "uid": _object_array(group_ids),
         "__num_turns__": np.fromiter(
