@@ -425,6 +425,24 @@ async def _run_stub(
     return (out if isinstance(out, list) else [out]), gw, runner
 
 
+async def test_run_classifies_forks_with_verls_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+
+    class Recording(TrajectoryBuilder):
+        def __init__(self, mode: Any = "merge", tokenizer: Any = None) -> None:
+            seen.append(tokenizer)
+            super().__init__(mode, tokenizer)
+
+    monkeypatch.setattr(al, "TrajectoryBuilder", Recording)
+    tok = _tokenizer()
+    gw, runner = _StubGateway(forked_rollout()), _StubRunner()
+    res = types.SimpleNamespace(client=lambda: gw, runner=runner)
+    monkeypatch.setattr(al, "_resources", lambda settings: res)
+    loop = _make_loop(tokenizer=tok, gateway_url="http://gw", admin_key="k")
+    await loop.run({"temperature": 1.0}, **VERL_ROW)
+    assert seen == [tok]  # not None: fork kinds come from the backend's tokenizer
+
+
 async def test_v1_worker_tags_convert_to_int_global_steps(
     monkeypatch: pytest.MonkeyPatch, v1_worker: tuple[Any, _FakeTQ]
 ) -> None:

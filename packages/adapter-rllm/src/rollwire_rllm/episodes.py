@@ -185,6 +185,27 @@ def _trainable(call: ModelCall) -> bool:
     )
 
 
+def _episode_info(
+    rollout: Rollout, *, group_id: str, rows: int, left_out: list[str], mode: BuildMode
+) -> dict[str, Any]:
+    return {
+        INFO_KEY: {
+            "rollout_id": rollout.rollout_id,
+            "group_id": group_id,
+            "task_id": rollout.task_id,
+            "session_id": rollout.session_id,
+            "status": rollout.status,
+            "reward": rollout.reward,
+            "error": rollout.error,
+            "num_rows": rows,
+            "num_calls": len(rollout.calls),
+            "left_out_calls": left_out,
+            "capture": rollout.capture,
+            "mode": mode,
+        }
+    }
+
+
 def rollout_episode_dict(
     rollout: Rollout,
     *,
@@ -228,23 +249,8 @@ def rollout_episode_dict(
     group_id = group_id if group_id is not None else (rollout.group_id or rollout.rollout_id)
     task_id = task_id or rollout.task_id or group_id
     task = task if task is not None else rollout.task
-    info = {
-        INFO_KEY: {
-            "rollout_id": rollout.rollout_id,
-            "group_id": group_id,
-            "task_id": rollout.task_id,
-            "session_id": rollout.session_id,
-            "status": rollout.status,
-            "reward": rollout.reward,
-            "error": rollout.error,
-            "num_rows": len(rows),
-            "num_calls": len(rollout.calls),
-            "left_out_calls": left_out,
-            "capture": rollout.capture,
-            "mode": mode,
-            "routing_format": routing_format,
-        }
-    }
+    info = _episode_info(rollout, group_id=group_id, rows=len(rows), left_out=left_out, mode=mode)
+    info[INFO_KEY]["routing_format"] = routing_format
     trains = rollout.status == "completed"
     info[INFO_KEY]["trainable"] = trains
     return {

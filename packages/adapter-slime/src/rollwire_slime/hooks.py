@@ -22,6 +22,7 @@ from typing import Any
 
 from rollwire.data.protocol import CaptureMode, Rollout
 from rollwire.data.trajectory import BuildMode, TrajectoryBuilder
+from rollwire_slime.groups import apply_dynamic_filter, refuse_group_reading_paths
 from rollwire_slime.samples import (
     METADATA_KEY,
     RoutingShape,
@@ -338,27 +339,6 @@ def _client(cfg: HookConfig, group_size: int, sampling: Mapping[str, Any]) -> An
 # -- the hooks ---------------------------------------------------------------------------------
 
 
-def _refuse_group_reading_paths(args: Any) -> None:
-    """The generate hook returns a list per rollout; slime's filters and abort path cannot read it."""
-    used = [
-        flag
-        for flag, attr in (
-            ("--dynamic-sampling-filter-path", "dynamic_sampling_filter_path"),
-            ("--partial-rollout", "partial_rollout"),
-        )
-        if getattr(args, attr, None)
-    ]
-    if used:
-        raise ValueError(
-            f"rollwire_slime.generate cannot run with {' and '.join(used)}: slime's dynamic-sampling "
-            "filters and partial-rollout abort path call sample.get_reward_value() / read "
-            "sample.response on each element of a group, and this hook returns a list of Samples "
-            "per rollout (a forked rollout has several). Use --rollout-function-path "
-            "rollwire_slime.generate_rollout instead: its groups are flat lists of Samples and it "
-            "applies --dynamic-sampling-filter-path itself"
-        )
-
-
 async def generate(
     args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Any:
@@ -368,10 +348,10 @@ async def generate(
     one element when nothing forked, a placeholder when no call was usable), always a list so
     slime's flattening sees one depth. The reward comes from the agent, so slime's reward model
     is not called. Refuses ``--dynamic-sampling-filter-path`` and ``--partial-rollout`` (see
-    :func:`_refuse_group_reading_paths`) outside evaluation.
+    :func:`rollwire_slime.groups.refuse_group_reading_paths`) outside evaluation.
     """
     if not evaluation:
-        _refuse_group_reading_paths(args)
+        refuse_group_reading_paths(args)
     cfg = HookConfig.from_args(args)
     sample_cls = import_sample_class()
     client = _client(cfg, 1, slime_sampling(sampling_params))
@@ -457,38 +437,6 @@ async def collect_groups(
         "rollwire/wall_s": stats.wall_s,
     }
     return out, metrics
-
-
-def apply_dynamic_filter(
-    args: Any, groups: list[list[Any]], metrics: dict[str, Any]
-) -> list[list[Any]]:
-    """slime's ``--dynamic-sampling-filter-path`` applied to each flat group of Samples.
-
-    A group the filter rejects is left out and counted under
-    ``rollout/dynamic_filter/drop_<reason>`` (slime's metric names). rollwire does not over-sample
-    to refill, so when every group would be rejected the batch is kept whole rather than empty.
-    """
-    path = getattr(args, "dynamic_sampling_filter_path", None)
-    if not path:
-        return groups
-    from slime.rollout.filter_hub.base_types import call_dynamic_filter
-    from slime.utils.misc import load_function
-
-    fn = load_function(path)
-    kept: list[list[Any]] = []
-    drops: dict[str, int] = {}
-    for group in groups:
-        verdict = call_dynamic_filter(fn, args, group)
-        if verdict.keep:
-            kept.append(group)
-        else:
-            reason = f"rollout/dynamic_filter/drop_{verdict.reason or 'filtered'}"
-            drops[reason] = drops.get(reason, 0) + 1
-    if not kept:
-        metrics["rollwire/dynamic_filter_kept_all"] = 1
-        return groups
-    metrics.update(drops)
-    return kept
 
 
 def _run(coro: Any) -> Any:

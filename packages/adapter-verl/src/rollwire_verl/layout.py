@@ -36,6 +36,7 @@ import numpy as np
 
 from rollwire.data.protocol import Group, Rollout, Row, group_rollouts
 from rollwire.data.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire_verl.rows import RowCut, cut_row, verl_num_turns
 
 __all__ = [
     "RESERVED_NON_TENSOR_KEYS",
@@ -102,64 +103,6 @@ class PaddedBatch:
 
     def __len__(self) -> int:
         return int(self.tensors["input_ids"].shape[0])
-
-
-@dataclass(frozen=True)
-class RowCut:
-    """The kept part of a row: its prompt and response slices, mask, log-probs and routing."""
-
-    prompt: np.ndarray
-    response: np.ndarray
-    mask: np.ndarray
-    logprobs: np.ndarray
-    #: routing of the kept tokens from the first kept prompt token on, or None
-    experts: np.ndarray | None
-    truncated: bool
-
-
-def cut_row(
-    row: Row, *, max_prompt_length: int | None = None, max_response_length: int | None = None
-) -> RowCut:
-    """``row`` cut to the limits: the **last** ``max_prompt_length`` prompt tokens (the model sees
-    the recent context) and the **first** ``max_response_length`` response tokens (what was sampled
-    first stays aligned), with mask, log-probs and routing cut alongside. ``None`` = no limit.
-
-    ``experts[j]`` of the result is the routing of kept token ``j``, as verl's agent loops cut it
-    (``routed_experts[: len(prompt) + response_length]``).
-    """
-    plen = row.prompt_len
-    rlen = row.input_ids.shape[0] - plen
-    too_long_p = max_prompt_length is not None and plen > max_prompt_length
-    too_long_r = max_response_length is not None and rlen > max_response_length
-    p_start = plen - max_prompt_length if too_long_p and max_prompt_length is not None else 0
-    r_keep = max_response_length if too_long_r and max_response_length is not None else rlen
-    experts = None
-    if row.routed_experts is not None:
-        # experts[j] is the routing of token j; keep the tokens that are kept.
-        experts = row.routed_experts[p_start : plen + r_keep]
-    return RowCut(
-        prompt=row.input_ids[p_start:plen],
-        response=row.input_ids[plen : plen + r_keep],
-        mask=row.loss_mask[:r_keep],
-        logprobs=row.logprobs[:r_keep],
-        experts=experts,
-        truncated=bool(too_long_p or too_long_r),
-    )
-
-
-def verl_num_turns(row: Row) -> int:
-    """verl's ``num_turns`` of a row: ``1 + assistant turns + user/tool turns`` (one call = 2).
-
-    verl's loops count the prompt, each generation and each tool/user message appended between
-    generations (``user_turns + assistant_turns + 1``); rollwire's equivalents are the row's calls
-    and its context insertions (runs of ``turn_ids == -1`` in the response region).
-    """
-    turns = row.turn_ids
-    context = turns == -1
-    insertions = int(np.count_nonzero(context[1:] & ~context[:-1])) + int(
-        bool(context.shape[0]) and bool(context[0])
-    )
-    return 1 + len(row.call_ids) + insertions
 
 
 @dataclass
@@ -316,31 +259,9 @@ def _object_array(values: Sequence[Any]) -> np.ndarray:
     return out
 
 
-def padded_arrays(
-    rows: Sequence[Row],
-    *,
-    pad_token_id: int = 0,
-    max_prompt_length: int | None = None,
-    max_response_length: int | None = None,
-    overlong: OverlongPolicy = "truncate",
-    include_failed: bool = True,
-    failure_reward: float = 0.0,
-    routed_experts: bool | None = None,
-    reward_extra_keys: Sequence[str] | None = None,
-    keep_untrainable_groups: bool = False,
-) -> PaddedBatch:
-    """The verl layout of ``rows`` as NumPy arrays (see the module docstring for conventions).
-
-    ``P``/``R`` are ``max_prompt_length``/``max_response_length`` when given, else the batch max.
-    ``overlong="truncate"`` keeps the last ``P`` prompt and first ``R`` response tokens;
-    ``"drop"`` leaves such rows out. Failed rollouts are kept with ``failure_reward`` and an
-    all-zero ``response_mask`` unless ``include_failed=False``. A placeholder row (a rollout
-    without a usable call, from :func:`build_layout_rows`) becomes one masked pad token of prompt
-    and of response carrying the rollout's reward. ``routed_experts=None`` adds the
-    tensor when any row has routing. A group (``uid``) with no trainable token at all is left
-    out and counted in the report (``untrainable_groups``/``_rows``) unless
-    ``keep_untrainable_groups``: verl's OPO advantage is NaN for it.
-    """
+def _check_options(
+    overlong: str, max_prompt_length: int | None, max_response_length: int | None
+) -> None:
     if overlong not in ("truncate", "drop"):
         raise ValueError(f"overlong must be 'truncate' or 'drop', got {overlong!r}")
     for name, limit in (
@@ -349,28 +270,15 @@ def padded_arrays(
     ):
         if limit is not None and limit < 1:
             raise ValueError(f"{name} must be a positive number of tokens, got {limit!r}")
-    if not rows:
-        raise ValueError("empty batch: no rows to convert (no rollouts, or none with usable calls)")
-    slots, report = _slots(
-        rows,
-        max_prompt_length=max_prompt_length,
-        max_response_length=max_response_length,
-        overlong=overlong,
-        include_failed=include_failed,
-        failure_reward=failure_reward,
-    )
-    if not keep_untrainable_groups:
-        slots, groups, dropped_rows = _drop_untrainable_groups(slots)
-        report = dataclasses.replace(
-            report, untrainable_groups=groups, untrainable_rows=dropped_rows
-        )
-    if not slots:
-        raise ValueError(
-            f"no rows left to convert: {report.dropped} dropped as over-long, "
-            f"{report.excluded_failed} excluded as failed, {report.untrainable_rows} in groups "
-            f"without a trainable token (of {report.rows} rows; keep_untrainable_groups=True "
-            "keeps those)"
-        )
+
+
+def _token_tensors(
+    slots: Sequence[_Slot],
+    pad_token_id: int,
+    max_prompt_length: int | None,
+    max_response_length: int | None,
+) -> tuple[dict[str, np.ndarray], int, int]:
+    """The [B, P] / [B, R] / [B, P+R] token, mask, position, log-prob and reward arrays."""
     b = len(slots)
     # a placeholder is one pad token of prompt and one of response (input_ids stays pad there)
     plens = np.fromiter(
@@ -404,16 +312,72 @@ def padded_arrays(
     rm_scores = np.zeros((b, r), dtype=np.float32)
     rm_scores[np.arange(b), np.maximum(rlens - 1, 0)] = rewards
 
-    tensors: dict[str, np.ndarray] = {
-        "prompts": input_ids[:, :p].copy(),
-        "responses": input_ids[:, p:].copy(),
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "response_mask": response_mask,
-        "rollout_log_probs": logprobs,
-        "rm_scores": rm_scores,
-    }
+    return (
+        {
+            "prompts": input_ids[:, :p].copy(),
+            "responses": input_ids[:, p:].copy(),
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "response_mask": response_mask,
+            "rollout_log_probs": logprobs,
+            "rm_scores": rm_scores,
+        },
+        p,
+        r,
+    )
+
+
+def padded_arrays(
+    rows: Sequence[Row],
+    *,
+    pad_token_id: int = 0,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    overlong: OverlongPolicy = "truncate",
+    include_failed: bool = True,
+    failure_reward: float = 0.0,
+    routed_experts: bool | None = None,
+    reward_extra_keys: Sequence[str] | None = None,
+    keep_untrainable_groups: bool = False,
+) -> PaddedBatch:
+    """The verl layout of ``rows`` as NumPy arrays (see the module docstring for conventions).
+
+    ``P``/``R`` are ``max_prompt_length``/``max_response_length`` when given, else the batch max.
+    ``overlong="truncate"`` keeps the last ``P`` prompt and first ``R`` response tokens;
+    ``"drop"`` leaves such rows out. Failed rollouts are kept with ``failure_reward`` and an
+    all-zero ``response_mask`` unless ``include_failed=False``. A placeholder row (a rollout
+    without a usable call, from :func:`build_layout_rows`) becomes one masked pad token of prompt
+    and of response carrying the rollout's reward. ``routed_experts=None`` adds the
+    tensor when any row has routing. A group (``uid``) with no trainable token at all is left
+    out and counted in the report (``untrainable_groups``/``_rows``) unless
+    ``keep_untrainable_groups``: verl's OPO advantage is NaN for it.
+    """
+    _check_options(overlong, max_prompt_length, max_response_length)
+    if not rows:
+        raise ValueError("empty batch: no rows to convert (no rollouts, or none with usable calls)")
+    slots, report = _slots(
+        rows,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
+        overlong=overlong,
+        include_failed=include_failed,
+        failure_reward=failure_reward,
+    )
+    if not keep_untrainable_groups:
+        slots, groups, dropped_rows = _drop_untrainable_groups(slots)
+        report = dataclasses.replace(
+            report, untrainable_groups=groups, untrainable_rows=dropped_rows
+        )
+    if not slots:
+        raise ValueError(
+            f"no rows left to convert: {report.dropped} dropped as over-long, "
+            f"{report.excluded_failed} excluded as failed, {report.untrainable_rows} in groups "
+            f"without a trainable token (of {report.rows} rows; keep_untrainable_groups=True "
+            "keeps those)"
+        )
+    tensors, p, r = _token_tensors(slots, pad_token_id, max_prompt_length, max_response_length)
+    b = len(slots)
     with_experts = [s for s in slots if s.experts is not None]
     if routed_experts is None:
         routed_experts = bool(with_experts)

@@ -13,7 +13,7 @@ import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
 from rollwire.data.protocol import Rollout, Row
-from rollwire_verl.layout import cut_row, verl_num_turns
+from rollwire_verl.rows import cut_row, verl_num_turns
 
 __all__ = [
     "FailurePolicy",
@@ -179,6 +179,24 @@ def _placeholder_output(
     )
 
 
+def _extra_fields(
+    rollout: Rollout, row: Row | None, info: dict[str, float] | None, global_steps: int | None
+) -> dict[str, Any]:
+    """An output's ``extra_fields``; ``info`` (the final output's) as ``reward_extra_info``."""
+    lo, hi = _weight_versions(rollout, row, global_steps)
+    out: dict[str, Any] = {
+        "rollout_id": rollout.rollout_id,
+        "row_index": row.row_index if row is not None else 0,
+        "rollwire_status": rollout.status,
+        "fork": row.fork.kind if row is not None and row.fork else None,
+        "min_global_steps": lo,
+        "max_global_steps": hi,
+    }
+    if info is not None:
+        out["reward_extra_info"] = dict(info)
+    return out
+
+
 def rows_to_agent_loop_outputs(
     rollout: Rollout,
     rows: Sequence[Row],
@@ -227,18 +245,7 @@ def rows_to_agent_loop_outputs(
     metrics = AgentLoopMetrics(generate_sequences=sum(c.latency_ms for c in rollout.calls) / 1e3)
 
     def extra(row: Row | None, final: bool) -> dict[str, Any]:
-        lo, hi = _weight_versions(rollout, row, global_steps)
-        out: dict[str, Any] = {
-            "rollout_id": rollout.rollout_id,
-            "row_index": row.row_index if row is not None else 0,
-            "rollwire_status": rollout.status,
-            "fork": row.fork.kind if row is not None and row.fork else None,
-            "min_global_steps": lo,
-            "max_global_steps": hi,
-        }
-        if final:
-            out["reward_extra_info"] = dict(info)
-        return out
+        return _extra_fields(rollout, row, info if final else None, global_steps)
 
     if not rows:
         return _placeholder_output(
