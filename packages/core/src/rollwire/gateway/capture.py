@@ -24,16 +24,29 @@ _EMPTY_I32 = np.zeros(0, dtype=np.int32)
 _EMPTY_F32 = np.zeros(0, dtype=np.float32)
 
 
-def resolve_policy_version(reported: str | None, current: str | None) -> tuple[str | None, bool]:
-    """The policy version to record for a call, and whether it is a mismatch.
+#: What vLLM reports as its weight version until someone calls ``/update_weight_version``.
+UNSET_WEIGHT_VERSIONS = frozenset({"default"})
+
+
+def resolve_policy_version(
+    reported: str | None, current: str | None
+) -> tuple[str | None, str | None]:
+    """The policy version to record for a call, and the flag it earns (or None).
 
     ``reported`` is what the backend says it sampled with, ``current`` the version the trainer
     set on the gateway. The backend's word wins; a disagreement is worth knowing about (a weight
-    sync not yet landed, a stale replica), hence the flag. Without a reported version the
-    trainer's is recorded and nothing is flagged."""
+    sync not yet landed, a stale replica): ``policy_version_mismatch``. vLLM's ``"default"``
+    (nobody set a version) counts as no report. Without a report the trainer's version is
+    recorded, flagged ``weight_version_unreported`` once the trainer has set one, because
+    stale-weight detection cannot work for such a call (vLLM 0.32 reports no version on its
+    OpenAI routes)."""
+    if reported in UNSET_WEIGHT_VERSIONS:
+        reported = None
     if reported is None:
-        return current, False
-    return reported, current is not None and current != reported
+        return current, "weight_version_unreported" if current is not None else None
+    if current is not None and current != reported:
+        return reported, "policy_version_mismatch"
+    return reported, None
 
 
 @dataclass

@@ -156,11 +156,12 @@ class SessionRoutes(ControlRoutes):
         ]
 
     async def check_tokens_session(self, rec: SessionRecord) -> None:
-        """Refuse a tokens session whose chat template no tool-call parser understands (the
-        calls would fail one by one later). Other problems, such as a backend that is down or
+        """Refuse a tokens session whose chat template no tool-call parser understands, or whose
+        backend refuses its token-in route (the calls would fail one by one later). Other problems, such as a backend that is down or
         names no tokenizer, are left to the request-time checks, which say the same."""
         from rollwire.gateway import tokens
         from rollwire.gateway.parsers import TemplateNotSupported
+        from rollwire.gateway.tokens_runtime import TokenRouteUnavailable
 
         backend = self.gw.pool.pick(rec.session_id)
         try:
@@ -169,6 +170,8 @@ class SessionRoutes(ControlRoutes):
             raise GatewayError(
                 400, f"capture='tokens': {exc}", code="unsupported_chat_template"
             ) from exc
+        except TokenRouteUnavailable as exc:
+            raise GatewayError(400, str(exc), code="token_route_unavailable") from exc
         except Exception as exc:  # not decidable now: the first call will say what is wrong
             log.info("tokens session %r not checked at creation: %s", rec.session_id, exc)
 

@@ -238,12 +238,11 @@ def fill_call(gw: GatewayPort, call: ModelCall, cap: Captured, backend: Backend)
     call.logprobs = cap.logprobs
     call.routed_experts = cap.routed_experts
     call.finish_reason = cap.finish_reason
-    if cap.weight_version is not None:
-        call.policy_version, mismatch = resolve_policy_version(
-            cap.weight_version, gw.policy_version
-        )
-        if mismatch:
-            call.flags.append("policy_version_mismatch")
+    call.policy_version, version_flag = resolve_policy_version(
+        cap.weight_version, gw.policy_version
+    )
+    if version_flag:
+        call.flags.append(version_flag)
     if backend.kind == "openai" or not cap.has_ids:
         call.trainable = False
         call.flags.append("no_token_ids")

@@ -362,9 +362,9 @@ def _captured_call(
     all_flags = list(plan.flags)
     if answer.parsed.ill_formed:
         all_flags.append("ill_formed")
-    version, mismatch = resolve_policy_version(gen.weight_version, ctx.policy_version)
-    if mismatch:
-        all_flags.append("policy_version_mismatch")
+    version, version_flag = resolve_policy_version(gen.weight_version, ctx.policy_version)
+    if version_flag:
+        all_flags.append(version_flag)
     heal, completion = plan.heal, gen.completion_ids
     return ModelCall(
         call_id=call_id,

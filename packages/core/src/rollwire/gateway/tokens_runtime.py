@@ -51,6 +51,18 @@ async def _fetch_json(http: aiohttp.ClientSession, url: str) -> Any:
     return None
 
 
+class TokenRouteUnavailable(ValueError):
+    """The backend does not serve its token-in route (vLLM without ``--enable-scale-out``)."""
+
+
+async def _probe_status(http: aiohttp.ClientSession, url: str) -> int | None:
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        async with http.post(url, json={}, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            await resp.read()
+            return resp.status
+    return None
+
+
 class TokensRuntime:
     """Tokens-mode state shared by one gateway's sessions: loaded renderers (one per tokenizer)
     and what each backend says about itself. Owned by the gateway (see :func:`runtime_of`)."""
@@ -59,6 +71,7 @@ class TokensRuntime:
         self._renderers: dict[str, ChatRenderer] = {}
         self._lock = threading.Lock()
         self._backend_info: dict[str, BackendInfo] = {}
+        self._token_route_ok: set[str] = set()
 
     def load_renderer(self, tokenizer: str) -> ChatRenderer:
         """A :class:`ChatRenderer` for a tokenizer folder, loaded once (blocking; thread-safe)."""
@@ -98,6 +111,23 @@ class TokensRuntime:
         if tokenizer or shape:  # an unreachable backend is asked again next time
             self._backend_info[url] = info
         return info
+
+    async def check_token_route(self, http: aiohttp.ClientSession, backend: Backend) -> None:
+        """Raise :class:`TokenRouteUnavailable` when a ``vllm`` backend refuses
+        ``/inference/v1/generate`` (403/404: vLLM serves it only with ``--enable-scale-out``).
+        An empty body is sent: a server that has the route answers 400/422 and generates
+        nothing. Cached once the route answered; an unreachable backend is asked again later."""
+        if backend.kind != "vllm" or backend.url in self._token_route_ok:
+            return
+        status = await _probe_status(http, backend.url + "/inference/v1/generate")
+        if status in (403, 404, 405):
+            raise TokenRouteUnavailable(
+                f"backend {backend.name!r} at {backend.url} answered {status} on "
+                "/inference/v1/generate, the token-in route capture='tokens' needs: start vLLM "
+                "with --enable-scale-out, or create the session with capture='passthrough'"
+            )
+        if status is not None:
+            self._token_route_ok.add(backend.url)
 
 
 def runtime_of(gateway: GatewayPort | None) -> TokensRuntime:
@@ -152,9 +182,11 @@ async def check_session(
     info = BackendInfo(None, None)
     if backend is not None:
         if gateway is not None:
+            await runtime.check_token_route(gateway.http, backend)
             info = await runtime.describe(gateway.http, backend.url)
         else:
             async with aiohttp.ClientSession() as http:
+                await runtime.check_token_route(http, backend)
                 info = await runtime.describe(http, backend.url)
     try:
         source = tokenizer_source(metadata, info, backend.url if backend else None)

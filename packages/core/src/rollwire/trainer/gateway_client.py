@@ -85,6 +85,25 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def _weight_version_targets(backends: list[dict[str, Any]], urls: list[str] | None) -> list[str]:
+    if urls is not None:
+        return [u.rstrip("/") for u in urls]
+    return [str(b["url"]).rstrip("/") for b in backends if b.get("kind") in ("vllm", "sglang")]
+
+
+def _weight_version_error(url: str, resp: httpx.Response) -> GatewayAPIError:
+    hint = (
+        " (vLLM serves /update_weight_version only with VLLM_SERVER_DEV_MODE=1)"
+        if resp.status_code in (403, 404)
+        else ""
+    )
+    return GatewayAPIError(
+        resp.status_code,
+        f"{url}/update_weight_version answered {resp.status_code}{hint}: {resp.text[:200]}",
+        "weight_version_not_set",
+    )
+
+
 class _Base:
     def __init__(self, url: str, admin_key: str | None) -> None:
         self.url = url.rstrip("/")
@@ -201,6 +220,21 @@ class GatewayClient(_Base):
     def set_policy_version(self, version: str) -> str:
         """``POST /api/policy_version``."""
         return str(self._req("POST", "/api/policy_version", json={"version": version})["version"])
+
+    def sync_weight_version(self, version: str, *, servers: list[str] | None = None) -> str:
+        """After a weight sync: tell every inference server its new weight version
+        (``POST /update_weight_version``, so calls report it) and set the gateway's policy
+        version. ``servers`` defaults to the gateway's ``vllm``/``sglang`` backends; a server
+        that refuses raises :class:`GatewayAPIError` naming it, before the gateway is touched."""
+        for url in _weight_version_targets(self.backends(), servers):
+            resp = httpx.post(
+                f"{url}/update_weight_version",
+                json={"new_version": version},
+                timeout=self._http.timeout,
+            )
+            if resp.status_code >= 400:
+                raise _weight_version_error(url, resp)
+        return self.set_policy_version(version)
 
     def pause(self, wait: bool = False) -> dict[str, Any]:
         """``POST /api/pause`` (``wait=True``: return once in-flight calls drained)."""
@@ -323,6 +357,18 @@ class AsyncGatewayClient(_Base):
         """``POST /api/policy_version``."""
         data = await self._req("POST", "/api/policy_version", json={"version": version})
         return str(data["version"])
+
+    async def sync_weight_version(self, version: str, *, servers: list[str] | None = None) -> str:
+        """:meth:`GatewayClient.sync_weight_version`, async."""
+        targets = _weight_version_targets(await self.backends(), servers)
+        async with httpx.AsyncClient(timeout=self._http.timeout) as http:
+            for url in targets:
+                resp = await http.post(
+                    f"{url}/update_weight_version", json={"new_version": version}
+                )
+                if resp.status_code >= 400:
+                    raise _weight_version_error(url, resp)
+        return await self.set_policy_version(version)
 
     async def pause(self, wait: bool = False) -> dict[str, Any]:
         """``POST /api/pause``."""
