@@ -393,7 +393,8 @@ def test_forcing_tool_choice_is_off_policy(client: GatewayClient) -> None:
         assert auto.trainable and not auto.off_policy
         for call in (required, forced):
             assert call.off_policy and "guided_tool_choice" in call.flags
-            assert call.trainable is allow
+            # served under a grammar: its log-probs are not the policy's, even when allowed
+            assert not call.trainable
 
 
 # ---------------------------------------------------------------- session cache (16) and TTL

@@ -27,7 +27,7 @@ from rollwire.gateway.dispatch import Commit, forward
 from rollwire.gateway.errors import GatewayError, error_response
 from rollwire.gateway.ports import GatewayPort
 from rollwire.gateway.relay import forward_stream
-from rollwire.gateway.sampling import tool_choice_flags
+from rollwire.gateway.sampling import tool_choice_flags, trainable_with
 from rollwire.gateway.sessions import Attempt, SessionState
 from rollwire.store import StoreUnavailable
 
@@ -206,7 +206,7 @@ async def _dispatch(
         session_id=rec.session_id,
         index=0,
         sampling=effective,
-        trainable=not (flags and not rec.allow_off_policy),
+        trainable=trainable_with(flags, rec.allow_off_policy),
         off_policy=bool(flags),
         flags=list(flags),
         stream=stream,

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rollwire.gateway.sampling import trainable_with
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -70,4 +72,4 @@ class ChatContext:
 
     def off_policy_blocked(self, flags: list[str]) -> bool:
         """True when ``flags`` make the call non-trainable (the session does not allow them)."""
-        return bool(flags) and not self.session.allow_off_policy
+        return not trainable_with(flags, self.session.allow_off_policy)

@@ -107,6 +107,20 @@ def apply_sampling(
     return effective, off_policy_flags(body)
 
 
+#: Flags of calls served under a grammar. Their log-probs are not the policy's: vLLM reports the
+#: raw log-probs of the forced tokens (a ``<tool_call>`` spelled as byte tokens ~11-15 nats from
+#: what the policy gives them), so even ``allow_off_policy`` does not make them trainable.
+GRAMMAR_FLAGS = frozenset({"guided_decoding", "guided_tool_choice"})
+
+
+def trainable_with(flags: list[str], allow_off_policy: bool) -> bool:
+    """Whether a call with these off-policy ``flags`` may be trained: no flags, or the session
+    allows off-policy calls and none was served under a grammar."""
+    if not flags:
+        return True
+    return allow_off_policy and not GRAMMAR_FLAGS.intersection(flags)
+
+
 def off_policy_flags(body: dict[str, Any]) -> list[str]:
     """Why a request samples from something other than the policy's distribution."""
     flags: list[str] = []
