@@ -25,9 +25,10 @@ FINAL = "17 * 23 + 4 = 395.\n#### 395"
 def math_script(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
 ) -> str | None:
-    """A calculator call first, then the final answer once the tool has answered."""
+    """A calculator call first, then the final answer once the tool has answered (at once when
+    the agent offers no tools)."""
     if not tools:
-        return None
+        return FINAL
     if messages and messages[-1].get("role") == "tool":
         return FINAL
     return CALL
@@ -66,7 +67,9 @@ def load_agent(folder: Path, name: str) -> ModuleType:
 class AgentProcess:
     """``uvicorn module:app`` in a child process on a free loopback port, always stopped."""
 
-    def __init__(self, folder: Path, target: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, folder: Path, target: str, env: dict[str, str], ready: str = "/ping"
+    ) -> None:
         import os
 
         from rollwire.agent.serving import free_port
@@ -79,6 +82,7 @@ class AgentProcess:
         ]  # fmt: skip
         self._env = {**os.environ, **env}
         self._proc: Any = None
+        self._ready = ready
 
     def __enter__(self) -> AgentProcess:
         import subprocess
@@ -92,12 +96,12 @@ class AgentProcess:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"{self._cmd} exited with {self._proc.returncode}")
             try:
-                if httpx.get(f"{self.url}/ping", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}{self._ready}", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.1)
         self.__exit__()
-        raise TimeoutError(f"the agent at {self.url} did not answer /ping within 60s")
+        raise TimeoutError(f"the agent at {self.url} did not answer {self._ready} within 60s")
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None and self._proc.poll() is None:

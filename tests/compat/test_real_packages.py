@@ -120,3 +120,48 @@ def test_sagemaker_agent_with_only_its_app_import_changed_keeps_sagemakers_decor
     assert [r.status for r in rollouts] == ["completed"] * 4, [r.error for r in rollouts]
     assert [r.reward for r in rollouts] == [1.0, 1.0, 0.0, 0.0]
     assert all(len(r.calls) == 2 for r in rollouts)
+
+
+CUSTOM = "sagemaker_custom_agent.py"
+CUSTOM_COMPAT = {
+    "from sagemaker.core.token_generator import generate_token": (
+        "from rollwire.compat.sagemaker import generate_token"
+    ),
+    "from sagemaker.train.rft import sagemaker_rft_handler": (
+        "from rollwire.compat.sagemaker import sagemaker_rft_handler"
+    ),
+    "from sagemaker.train.rft.headers import make_inference_headers": (
+        "from rollwire.compat.sagemaker import make_inference_headers"
+    ),
+}
+
+
+def _run_custom(gateway: Any, folder: Path, env: dict[str, str]) -> list[Any]:
+    from rollwire.trainer.runners.sagemaker import SageMakerRunner
+
+    with AgentProcess(folder, "sagemaker_custom_agent:app", env, ready="/health") as agent:
+        runner = SageMakerRunner(agent.url)
+        with RolloutClient(
+            gateway, runner=runner, group_size=2, deadline=120, sampling={"max_tokens": 64}
+        ) as client:
+            groups = client.run(TASKS)
+    return [r for g in groups for r in g.rollouts]
+
+
+def _check_custom(rollouts: list[Any]) -> None:
+    assert [r.status for r in rollouts] == ["completed"] * 4, [r.error for r in rollouts]
+    assert [r.reward for r in rollouts] == [1.0, 1.0, 0.0, 0.0]
+    assert all(len(r.calls) == 1 for r in rollouts)
+
+
+def test_sagemaker_runner_drives_the_custom_agent_with_sagemakers_decorator(
+    gateway: Any, sagemaker_env: dict[str, str]
+) -> None:
+    _check_custom(_run_custom(gateway, AGENTS, sagemaker_env))
+
+
+def test_sagemaker_runner_drives_the_custom_agent_on_rollwires_stand_in(
+    tmp_path: Path, gateway: Any
+) -> None:
+    folder = with_import(tmp_path, CUSTOM, CUSTOM_COMPAT)
+    _check_custom(_run_custom(gateway, folder, FAKE_AWS))

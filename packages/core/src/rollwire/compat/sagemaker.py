@@ -2,12 +2,11 @@
 ``sagemaker-train`` installed: ``sagemaker_rft_handler``, the rollout context, the inference
 headers, ``wrap_model`` for Strands and ``RolloutFeedbackClient``.
 
-Under :class:`rollwire.compat.bedrock_agentcore.BedrockAgentCoreApp` the app itself turns the
-handler's ``{"reward": ...}`` into the terminal record, so this decorator only sets the rollout
-context (the real one works there too: its ``/complete-rollout`` and ``/update-reward`` posts
-reach the gateway's SageMaker routes). An agent served on its own (``POST /rollout``) reports with
-:class:`RolloutFeedbackClient`, which posts to ``{metadata.endpoint}/complete-rollout`` and
-``/update-reward`` as SageMaker's does.
+As SageMaker's, the decorator reports the handler's result to ``{metadata.endpoint}``
+(``/complete-rollout`` and ``/update-reward``, the gateway's SageMaker routes under rollwire), so
+an agent served on its own (``POST /rollout``) needs nothing else. Under
+:class:`rollwire.compat.bedrock_agentcore.BedrockAgentCoreApp` the app also posts the same record
+(the gateway keeps the first; an identical second one is accepted).
 """
 
 from __future__ import annotations
@@ -94,35 +93,78 @@ def generate_token(region: str | None = None) -> str:
     return "rollwire-session"
 
 
-def sagemaker_rft_handler(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Set the rollout context (``metadata``, ``inferenceParams``) around the handler, as
-    SageMaker's decorator does; the reward is reported by the app (or by
-    :class:`RolloutFeedbackClient` for agents served on their own)."""
+def _feedback(payload: Mapping[str, Any]) -> RolloutFeedbackClient | None:
+    try:
+        return RolloutFeedbackClient(payload.get("metadata") or {})
+    except ValueError:
+        return None  # no endpoint or trajectory: nothing to report to
 
-    def enter(payload: Mapping[str, Any]) -> None:
+
+def _report(feedback: RolloutFeedbackClient | None, result: Any) -> None:
+    """Report a handler's result as SageMaker's decorator does (never raises)."""
+    if feedback is None or not isinstance(result, Mapping):
+        return
+    try:
+        if result.get("status") == "error":
+            feedback.report_error(str(result.get("error") or "unknown error"))
+        elif result.get("reward") is not None:
+            feedback.report_complete(result["reward"])
+        else:
+            feedback.complete_rollout()
+    except Exception as exc:  # the reward is also the handler's return value: not fatal
+        log.warning("could not report the rollout's result to %s: %s", feedback.endpoint, exc)
+
+
+def _report_error(feedback: RolloutFeedbackClient | None, exc: Exception) -> None:
+    if feedback is None:
+        return
+    try:
+        feedback.report_error(f"{type(exc).__name__}: {exc}")
+    except Exception as post_exc:
+        log.warning("could not report the rollout's failure to %s: %s", feedback.endpoint, post_exc)
+
+
+def sagemaker_rft_handler(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """SageMaker's decorator: set the rollout context (``metadata``, ``inferenceParams``) around
+    the handler, then report to ``{metadata.endpoint}``: ``/complete-rollout`` and
+    ``/update-reward`` with the returned ``reward``, or a failure (reward 0.0) when the handler
+    raises or returns ``{"status": "error"}``. A report that cannot be posted is logged."""
+
+    def enter(payload: Mapping[str, Any]) -> RolloutFeedbackClient | None:
         params = payload.get("inferenceParams") or payload.get("inference_params")
         set_rollout_context(payload.get("metadata") or {}, params)
+        return _feedback(payload)
 
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(payload: dict[str, Any]) -> Any:
-            enter(payload)
+            feedback = enter(payload)
             try:
-                return await fn(payload)
+                result = await fn(payload)
+            except Exception as exc:
+                _report_error(feedback, exc)
+                raise
             finally:
                 clear_rollout_context()
+            _report(feedback, result)
+            return result
 
         setattr(async_wrapper, MARKER, True)
         return async_wrapper
 
     @functools.wraps(fn)
     def sync_wrapper(payload: dict[str, Any]) -> Any:
-        enter(payload)
+        feedback = enter(payload)
         try:
-            return fn(payload)
+            result = fn(payload)
+        except Exception as exc:
+            _report_error(feedback, exc)
+            raise
         finally:
             clear_rollout_context()
+        _report(feedback, result)
+        return result
 
     setattr(sync_wrapper, MARKER, True)
     return sync_wrapper

@@ -15,12 +15,13 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollwire.data.foreign import PAYLOAD_FORMATS
 from rollwire.data.protocol import CaptureMode, Group, Rollout
+from rollwire.trainer.batch import BatchItem, arun_batch, run_batch
 from rollwire.trainer.control_plane import ControlPlane, GatewayUnavailable
 from rollwire.trainer.rollout_driver import RolloutDriver
 from rollwire.trainer.runners.base import RateLimiter, Runner
@@ -285,6 +286,28 @@ class RolloutClient(RolloutDriver):
             failure_reward=self.failure_reward,
             confidence=confidence,
         )
+
+    def run_batch(
+        self,
+        payloads: Sequence[Mapping[str, Any]],
+        max_concurrent_sessions: int,
+        timeout: float = 900.0,
+    ) -> Iterator[BatchItem]:
+        """agentcore-rl-toolkit's ``run_batch``: one rollout per payload, at most
+        ``max_concurrent_sessions`` at once, ``timeout`` seconds each; yields
+        :class:`~rollwire.trainer.batch.BatchItem` in completion order."""
+        return run_batch(self, payloads, max_concurrent_sessions, timeout)
+
+    def arun_batch(
+        self,
+        payloads: Sequence[Mapping[str, Any]],
+        max_concurrent_sessions: int,
+        timeout: float = 900.0,
+    ) -> AsyncIterator[BatchItem]:
+        """Async :meth:`run_batch` (the toolkit's ``run_batch_async``)."""
+        return arun_batch(self, payloads, max_concurrent_sessions, timeout)
+
+    run_batch_async = arun_batch
 
     # -- internals ------------------------------------------------------------------------------
 

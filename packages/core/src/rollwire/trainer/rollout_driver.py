@@ -62,7 +62,9 @@ class RolloutDriver:
         index: int,
         tick: Callable[[Rollout], None],
         sids: list[str],
+        deadline: float | None = None,
     ) -> Rollout:
+        deadline = self.deadline if deadline is None else deadline
         async with sem:
             await limiter.acquire()
             # A session the gateway refuses to create (4xx) is a configuration error that every
@@ -75,13 +77,13 @@ class RolloutDriver:
                     metadata={"rollout_index": index},
                     sampling=self.sampling,
                     capture=self.capture,
-                    ttl=int(self.deadline + self.deadline_grace + 300),
+                    ttl=int(deadline + self.deadline_grace + 300),
                     **self.session_options,
                 ),
             )
             sid = handle.session_id
             sids.append(sid)
-            deadline_at = time.time() + self.deadline
+            deadline_at = time.time() + deadline
             payload = {k: v for k, v in task.items() if k != PAYLOAD_KEY}
             payload[PAYLOAD_KEY] = {
                 "version": 1,
