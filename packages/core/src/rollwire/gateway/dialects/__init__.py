@@ -12,5 +12,23 @@ see the converted Chat Completions call, so they never know which dialect a call
 from __future__ import annotations
 
 from rollwire.gateway.dialects.errors import DialectError
+from rollwire.gateway.dialects.routes import (
+    COUNT_TOKENS,
+    MESSAGES,
+    RESPONSES,
+    gateway_error,
+    serve_count_tokens,
+    serve_messages,
+    serve_responses,
+)
 
-__all__ = ["DialectError"]
+__all__ = [
+    "COUNT_TOKENS",
+    "MESSAGES",
+    "RESPONSES",
+    "DialectError",
+    "gateway_error",
+    "serve_count_tokens",
+    "serve_messages",
+    "serve_responses",
+]

@@ -32,6 +32,7 @@ __all__ = [
     "MESSAGES",
     "RESPONSES",
     "anthropic_error",
+    "gateway_error",
     "serve_count_tokens",
     "serve_messages",
     "serve_responses",
