@@ -269,6 +269,7 @@ def test_anthropic_blocks() -> None:
                     {"type": "text", "text": "thanks"},
                 ],
             },
+            {"role": "system", "content": [{"type": "text", "text": "late"}]},
         ],
         "tools": [{"name": "add", "description": "Add.", "input_schema": {"type": "object"}}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
@@ -284,6 +285,8 @@ def test_anthropic_blocks() -> None:
     }
     assert chat["messages"][3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "1"}
     assert chat["messages"][4] == {"role": "user", "content": "thanks"}
+    assert chat["messages"][5] == {"role": "system", "content": "late"}
+    assert A.request_from_chat(chat)["messages"][-1] == {"role": "system", "content": "late"}
     assert chat["tool_choice"] == "required" and chat["parallel_tool_calls"] is False
     assert chat["stop"] == ["END"] and chat["max_tokens"] == 100
     assert chat["chat_template_kwargs"] == {"enable_thinking": True}
@@ -309,7 +312,7 @@ def test_anthropic_blocks() -> None:
             },
             "messages[0].content[0].type",
         ),
-        ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "mcp_servers": [{}]},
             "mcp_servers",

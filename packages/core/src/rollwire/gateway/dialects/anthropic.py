@@ -237,9 +237,11 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             messages.extend(_user(msg.get("content", ""), where))
         elif role == "assistant":
             messages.append(_assistant(msg.get("content", ""), where))
+        elif role == "system":  # mid-conversation system text (Claude Code sends it)
+            messages.append({"role": "system", "content": _system(msg.get("content", ""))})
         else:
             raise DialectError(
-                f"messages[{i}].role is {role!r}; expected user or assistant",
+                f"messages[{i}].role is {role!r}; expected user, assistant or system",
                 param=f"messages[{i}].role",
             )
     return messages
@@ -340,6 +342,9 @@ def request_from_chat(chat: Mapping[str, Any]) -> dict[str, Any]:
         body["system"] = messages.pop(0)["content"]
     turns: list[dict[str, Any]] = []
     for msg in messages:
+        if msg["role"] == "system":
+            turns.append({"role": "system", "content": msg["content"]})
+            continue
         if msg["role"] == "assistant":
             turns.append({"role": "assistant", "content": _assistant_blocks(msg)})
             continue
