@@ -58,6 +58,39 @@ def request_body() -> dict[str, Any]:
     return {"model": "policy", "messages": messages, "temperature": 1.0, "max_tokens": 64}
 
 
+def responses_body() -> dict[str, Any]:
+    """:func:`request_body` as a Responses API request (instructions + input items)."""
+    chat = request_body()
+    system, *rest = chat["messages"]
+    return {
+        "model": "policy",
+        "instructions": system["content"],
+        "input": [{"role": m["role"], "content": m["content"]} for m in rest],
+        "temperature": 1.0,
+        "max_output_tokens": 64,
+    }
+
+
+def messages_body() -> dict[str, Any]:
+    """:func:`request_body` as an Anthropic Messages request (system + messages)."""
+    chat = request_body()
+    system, *rest = chat["messages"]
+    return {
+        "model": "policy",
+        "system": system["content"],
+        "messages": [{"role": m["role"], "content": m["content"]} for m in rest],
+        "temperature": 1.0,
+        "max_tokens": 64,
+    }
+
+
+# Same gateway process, same conversation, the dialect routes: CPU per call next to chat's.
+DIALECTS = {
+    "rollwire-responses": ("/responses", responses_body),
+    "rollwire-messages": ("/messages", messages_body),
+}
+
+
 # ----------------------------------------------------------------------------- load generator
 async def _load(
     urls: list[str], body: bytes, n: int, concurrency: int, headers: list[dict[str, str]]
@@ -160,10 +193,11 @@ def start_rollwire(tmp: Path, backend_url: str, name: str) -> tuple[Proc, str, s
     return proc, f"http://127.0.0.1:{port}", key
 
 
-def rollwire_sessions(url: str, key: str, k: int, group: str = "bench") -> list[str]:
+def rollwire_sessions(
+    url: str, key: str, k: int, group: str = "bench", route: str = "/chat/completions"
+) -> list[str]:
     return [
-        http_json("POST", url + "/api/sessions", {"group_id": group}, key)["base_url"]
-        + "/chat/completions"
+        http_json("POST", url + "/api/sessions", {"group_id": group}, key)["base_url"] + route
         for _ in range(k)
     ]
 
@@ -242,7 +276,9 @@ def compare(
             for t in targets:
                 pid = targets[t]["pid"]
                 cpu0 = cpu_seconds(pid)
-                res = run_load(level_urls[t][0], level_urls[t][1], body, per_round, c)
+                res = run_load(
+                    level_urls[t][0], level_urls[t][1], targets[t].get("body", body), per_round, c
+                )
                 st = stats[t]
                 st["cpu"] += cpu_seconds(pid) - cpu0
                 st["lat"] += res["lat"]
@@ -533,6 +569,16 @@ def targets_block(
         )
     else:
         add("server CPU <= 650 us/call at concurrency 1", None, "")
+    for name in DIALECTS:
+        pairs = [
+            (r, row(main_rows, name, r["c"])) for r in main_rows or () if r["target"] == "rollwire"
+        ]
+        ratios = [(d["cpu_us"] / r["cpu_us"], r["c"]) for r, d in pairs if d is not None]
+        add(
+            f"{name.removeprefix('rollwire-')} CPU/call <= 1.3x chat completions",
+            (max(x for x, _ in ratios) <= 1.3) if ratios else None,
+            ", ".join(f"{x:.2f}x at {c}" for x, c in ratios),
+        )
     for label, rows, tname in (
         ("", main_rows, "rollwire"),
         (" (>1 GB db)", big["rows"] if big else None, "rollwire-bigdb"),
@@ -648,6 +694,8 @@ def main_phase(
         "direct": {"pid": null.pid, "sent": 0},
         "rollwire": {"pid": rw.pid, "sent": 0, "rss0": rss_mb(rw.pid)},
     }
+    for name, (_, make_body) in DIALECTS.items():
+        targets[name] = {"pid": rw.pid, "sent": 0, "body": json.dumps(make_body()).encode()}
     if rllm_py is not None:
         rl, rl_url, _ = start_rllm(rllm_py, tmp, null_url, "rllm")
         procs.append(rl)
@@ -664,6 +712,8 @@ def main_phase(
             "direct": ([null_url + "/v1/chat/completions"], hdr),
             "rollwire": (rollwire_sessions(rw_url, key, c), hdr),
         }
+        for name, (route, _) in DIALECTS.items():
+            out[name] = (rollwire_sessions(rw_url, key, c, "bench-" + name, route), hdr)
         if "rllm-model-gateway" in targets:
             base = targets["rllm-model-gateway"]["url"]
             out["rllm-model-gateway"] = (

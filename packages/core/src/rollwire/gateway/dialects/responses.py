@@ -387,10 +387,10 @@ def request_from_chat(chat: Mapping[str, Any]) -> dict[str, Any]:
 def history_after(chat: Mapping[str, Any], reply: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The conversation a later ``previous_response_id`` continues: this call's chat messages
     (without the instructions' system message) plus the assistant reply."""
-    messages = [dict(m) for m in chat.get("messages") or ()]
+    messages = list(chat.get("messages") or ())
     if messages and messages[0].get("role") == "system":
         messages = messages[1:]
-    return [*messages, dict(reply)]
+    return [*messages, reply]  # not copied: request_to_chat copies what it takes from history
 
 
 # --------------------------------------------------------------------------------- responses

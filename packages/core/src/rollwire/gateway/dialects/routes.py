@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 
 from rollwire.gateway.dialects import anthropic, responses
 from rollwire.gateway.dialects.anthropic_stream import message_events
@@ -25,6 +25,7 @@ from rollwire.gateway.dialects.responses_stream import response_events
 from rollwire.gateway.errors import GatewayError
 
 if TYPE_CHECKING:
+    from rollwire.data.protocol import ModelCall
     from rollwire.gateway.app import Gateway, SessionState
 
 __all__ = [
@@ -45,11 +46,30 @@ _HISTORY_KEY = "dialects.responses"
 _MAX_KEPT = 256  # stored responses per session kept in memory for previous_response_id
 _SSE_HEADERS = {"cache-control": "no-cache"}
 
-# What the chat path answers, and the id of the call it captured (None when none was).
-ChatAnswer = tuple[Any, "str | None"]
+# What the chat path answers, and the call it committed (None when none was).
+ChatAnswer = tuple[Any, "ModelCall | None"]
 CaptureChat = Callable[
     [dict[str, Any], "SessionState", bytes, dict[str, Any]], Awaitable[ChatAnswer]
 ]
+
+
+class _Json:
+    """A JSON response sent as two ASGI messages (the data plane's hot path avoids Starlette's
+    header handling, as the chat path does)."""
+
+    __slots__ = ("body", "status")
+
+    def __init__(self, data: Any, status: int = 200) -> None:
+        self.body = orjson.dumps(data)
+        self.status = status
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self.body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -62,9 +82,12 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _answer(response: Any) -> tuple[int, dict[str, Any]]:
-    """Status and JSON body of what the chat path answered (a complete, non-streamed body)."""
+def _answer(response: Any, call: ModelCall | None) -> tuple[int, dict[str, Any]]:
+    """Status and ``chat.completion`` body of what the chat path answered: the committed call's
+    response when it succeeded (no second parse), else the (error) body it sent."""
     status = getattr(response, "status_code", None) or getattr(response, "status", None) or 200
+    if status == 200 and call is not None and call.status == "ok" and call.response:
+        return 200, call.response
     try:
         data = orjson.loads(response.body)
     except (orjson.JSONDecodeError, AttributeError):
@@ -72,11 +95,11 @@ def _answer(response: Any) -> tuple[int, dict[str, Any]]:
     return int(status), data if isinstance(data, dict) else {}  # type: ignore[arg-type]
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+def _json(data: Any, status: int = 200) -> _Json:
+    return _Json(data, status)
 
 
-def _openai_error(exc: DialectError) -> Response:
+def _openai_error(exc: DialectError) -> _Json:
     body = {
         "error": {
             "message": exc.message,
@@ -131,12 +154,12 @@ async def serve_responses(
     except DialectError as exc:
         return _openai_error(exc)
     created = time.time()
-    answer, call_id = await capture(scope, st, raw, chat)
-    status, data = _answer(answer)
+    answer, call = await capture(scope, st, raw, chat)
+    status, data = _answer(answer, call)
     if status != 200:
         return answer  # already an OpenAI-shaped error, which is what Responses clients read
     store = body.get("store", True) is not False
-    rid = f"resp_{call_id}" if store and call_id else f"resp_{secrets.token_hex(12)}"
+    rid = f"resp_{call.call_id}" if store and call else f"resp_{secrets.token_hex(12)}"
     out = responses.response_from_chat(data, body, response_id=rid, created_at=created)
     if store:
         reply = ((data.get("choices") or [{}])[0]).get("message") or {}
@@ -170,18 +193,18 @@ _ANTHROPIC_TYPES = {
 }
 
 
-def anthropic_error(status: int, message: str) -> Response:
+def anthropic_error(status: int, message: str) -> _Json:
     """An Anthropic-shaped error: ``{"type": "error", "error": {"type", "message"}}``."""
     kind = _ANTHROPIC_TYPES.get(status, "api_error")
     return _json({"type": "error", "error": {"type": kind, "message": message}}, status)
 
 
-def gateway_error(exc: GatewayError) -> Response:
+def gateway_error(exc: GatewayError) -> _Json:
     """A gateway refusal (auth, budget, closed session) in Anthropic's error shape."""
     return anthropic_error(exc.status, exc.message)
 
 
-def _as_anthropic(status: int, data: dict[str, Any]) -> Response:
+def _as_anthropic(status: int, data: dict[str, Any]) -> _Json:
     err = data.get("error")
     message = err.get("message") if isinstance(err, dict) else None
     return anthropic_error(status, str(message or data))
@@ -196,11 +219,11 @@ async def serve_messages(
         chat = anthropic.request_to_chat(body)
     except DialectError as exc:
         return anthropic_error(exc.status, exc.message)
-    answer, call_id = await capture(scope, st, raw, chat)
-    status, data = _answer(answer)
+    answer, call = await capture(scope, st, raw, chat)
+    status, data = _answer(answer, call)
     if status != 200:
         return _as_anthropic(status, data)
-    mid = f"msg_{call_id}" if call_id else f"msg_{secrets.token_hex(12)}"
+    mid = f"msg_{call.call_id}" if call else f"msg_{secrets.token_hex(12)}"
     out = anthropic.message_from_chat(data, body, message_id=mid)
     if body.get("stream"):
         return _stream(message_events(out))
