@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 from starlette.routing import BaseRoute
 
-from rollwire.gateway import calls
+from rollwire.gateway import calls, dialects
 from rollwire.gateway.asgi import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -101,6 +101,7 @@ class Gateway:
         self.call_routes: dict[str, CallHandler] = {
             CHAT_PATH: calls.handle_call,
             COMPLETIONS_PATH: calls.handle_call,
+            **dialects.CALL_ROUTES,
         }
         self._resumed: asyncio.Event | None = None
         self._drained: asyncio.Event | None = None
@@ -206,7 +207,8 @@ class Gateway:
                     await self._data_plane(scope, receive, send, rest[:slash], rest[slash:])
                     return
             elif path.startswith("/v1/"):
-                token = bearer(header(scope, b"authorization"))
+                # Bearer for OpenAI-style clients, x-api-key for Anthropic ones.
+                token = bearer(header(scope, b"authorization")) or header(scope, b"x-api-key")
                 await self._data_plane(scope, receive, send, token, path)
                 return
             await self._control(scope, receive, send)
@@ -432,7 +434,7 @@ class Gateway:
                 self.check_incarnation(st.record, incarnation)
                 response, counted = await self._route(scope, receive, st, rest)
             except GatewayError as exc:
-                response = exc.response()
+                response = dialects.refusal(rest, exc)
             except Exception as exc:
                 response = calls.internal_error(self, exc, st)
             await response(scope, receive, send)

@@ -31,7 +31,7 @@ from rollwire.gateway.sampling import tool_choice_flags, trainable_with
 from rollwire.gateway.sessions import Attempt, SessionState
 from rollwire.store import StoreUnavailable
 
-__all__ = ["check_budget", "handle_call", "internal_error", "models"]
+__all__ = ["check_budget", "handle_call", "handle_request", "internal_error", "models"]
 
 log = logging.getLogger("rollwire.gateway")
 
@@ -137,13 +137,29 @@ async def handle_call(
     gw: GatewayPort, scope: dict[str, Any], st: SessionState, path: str, raw: bytes
 ) -> ASGIResponse:
     """A chat or completions call: parse, register the attempt, capture, commit, answer."""
+    return await handle_request(gw, scope, st, path, raw, parse_request(raw))
+
+
+async def handle_request(
+    gw: GatewayPort,
+    scope: dict[str, Any],
+    st: SessionState,
+    path: str,
+    raw: bytes,
+    body: dict[str, Any],
+    committed: list[ModelCall] | None = None,
+) -> ASGIResponse:
+    """:func:`handle_call` for a request already parsed (or converted from another wire
+    dialect: ``raw`` is what the agent sent, for retry matching); the call committed is
+    appended to ``committed`` when given."""
     t0 = time.perf_counter()
     started_at = time.time()
-    body = parse_request(raw)
     attempt = st.register_attempt(raw, retry_count_of(scope))
 
     async def commit(call: ModelCall) -> None:
         await commit_call(gw, st, call, attempt)
+        if committed is not None:
+            committed.append(call)
 
     try:
         return await _dispatch(gw, scope, st, path, body, attempt, commit, t0, started_at)

@@ -13,21 +13,23 @@ from __future__ import annotations
 
 from rollwire.gateway.dialects.errors import DialectError
 from rollwire.gateway.dialects.routes import (
+    CALL_ROUTES,
     COUNT_TOKENS,
     MESSAGES,
     RESPONSES,
-    gateway_error,
+    refusal,
     serve_count_tokens,
     serve_messages,
     serve_responses,
 )
 
 __all__ = [
+    "CALL_ROUTES",
     "COUNT_TOKENS",
     "MESSAGES",
     "RESPONSES",
     "DialectError",
-    "gateway_error",
+    "refusal",
     "serve_count_tokens",
     "serve_messages",
     "serve_responses",

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import StreamingResponse
 
+from rollwire.gateway import calls
+from rollwire.gateway.asgi import CHAT_PATH, ASGIResponse, RawResponse
 from rollwire.gateway.dialects import anthropic, responses
 from rollwire.gateway.dialects.anthropic_stream import message_events
 from rollwire.gateway.dialects.errors import DialectError
@@ -26,14 +28,16 @@ from rollwire.gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from rollwire.data.protocol import ModelCall
-    from rollwire.gateway.app import Gateway, SessionState
+    from rollwire.gateway.ports import GatewayPort
+    from rollwire.gateway.sessions import SessionState
 
 __all__ = [
+    "CALL_ROUTES",
     "COUNT_TOKENS",
     "MESSAGES",
     "RESPONSES",
     "anthropic_error",
-    "gateway_error",
+    "refusal",
     "serve_count_tokens",
     "serve_messages",
     "serve_responses",
@@ -46,30 +50,14 @@ _HISTORY_KEY = "dialects.responses"
 _MAX_KEPT = 256  # stored responses per session kept in memory for previous_response_id
 _SSE_HEADERS = {"cache-control": "no-cache"}
 
-# What the chat path answers, and the call it committed (None when none was).
-ChatAnswer = tuple[Any, "ModelCall | None"]
-CaptureChat = Callable[
-    [dict[str, Any], "SessionState", bytes, dict[str, Any]], Awaitable[ChatAnswer]
-]
 
-
-class _Json:
-    """A JSON response sent as two ASGI messages (the data plane's hot path avoids Starlette's
-    header handling, as the chat path does)."""
-
-    __slots__ = ("body", "status")
-
-    def __init__(self, data: Any, status: int = 200) -> None:
-        self.body = orjson.dumps(data)
-        self.status = status
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(self.body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": self.body})
+async def _capture(
+    gw: GatewayPort, scope: dict[str, Any], st: SessionState, raw: bytes, chat: dict[str, Any]
+) -> tuple[ASGIResponse, ModelCall | None]:
+    """Serve ``chat`` on the gateway's chat path: its response and the call it committed."""
+    committed: list[ModelCall] = []
+    answer = await calls.handle_request(gw, scope, st, CHAT_PATH, raw, chat, committed)
+    return answer, committed[-1] if committed else None
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -95,11 +83,11 @@ def _answer(response: Any, call: ModelCall | None) -> tuple[int, dict[str, Any]]
     return int(status), data if isinstance(data, dict) else {}  # type: ignore[arg-type]
 
 
-def _json(data: Any, status: int = 200) -> _Json:
-    return _Json(data, status)
+def _json(data: Any, status: int = 200) -> RawResponse:
+    return RawResponse(orjson.dumps(data), status)
 
 
-def _openai_error(exc: DialectError) -> _Json:
+def _openai_error(exc: DialectError) -> RawResponse:
     body = {
         "error": {
             "message": exc.message,
@@ -119,7 +107,7 @@ def _kept(st: SessionState) -> OrderedDict[str, list[dict[str, Any]]]:
     return kept
 
 
-async def _history(gw: Gateway, st: SessionState, response_id: Any) -> list[dict[str, Any]]:
+async def _history(gw: GatewayPort, st: SessionState, response_id: Any) -> list[dict[str, Any]]:
     """The conversation ``previous_response_id`` names, from this session's own responses only."""
     if not isinstance(response_id, str) or not response_id:
         raise DialectError("'previous_response_id' must be a string", param="previous_response_id")
@@ -142,8 +130,8 @@ async def _history(gw: Gateway, st: SessionState, response_id: Any) -> list[dict
 
 
 async def serve_responses(
-    gw: Gateway, scope: dict[str, Any], st: SessionState, raw: bytes, capture: CaptureChat
-) -> Any:
+    gw: GatewayPort, scope: dict[str, Any], st: SessionState, path: str, raw: bytes
+) -> ASGIResponse:
     """``POST /v1/responses``: one model call, answered as a ``response`` (or its events)."""
     try:
         body = _parse(raw)
@@ -154,7 +142,7 @@ async def serve_responses(
     except DialectError as exc:
         return _openai_error(exc)
     created = time.time()
-    answer, call = await capture(scope, st, raw, chat)
+    answer, call = await _capture(gw, scope, st, raw, chat)
     status, data = _answer(answer, call)
     if status != 200:
         return answer  # already an OpenAI-shaped error, which is what Responses clients read
@@ -193,33 +181,36 @@ _ANTHROPIC_TYPES = {
 }
 
 
-def anthropic_error(status: int, message: str) -> _Json:
+def anthropic_error(status: int, message: str) -> RawResponse:
     """An Anthropic-shaped error: ``{"type": "error", "error": {"type", "message"}}``."""
     kind = _ANTHROPIC_TYPES.get(status, "api_error")
     return _json({"type": "error", "error": {"type": kind, "message": message}}, status)
 
 
-def gateway_error(exc: GatewayError) -> _Json:
-    """A gateway refusal (auth, budget, closed session) in Anthropic's error shape."""
-    return anthropic_error(exc.status, exc.message)
+def refusal(path: str, exc: GatewayError) -> ASGIResponse:
+    """A gateway refusal (auth, budget, closed session, ...) of a data-plane request at
+    ``path``, in the shape that path's clients read: Anthropic's for ``/v1/messages...``."""
+    if path.startswith(MESSAGES):
+        return anthropic_error(exc.status, exc.message)
+    return exc.response()
 
 
-def _as_anthropic(status: int, data: dict[str, Any]) -> _Json:
+def _as_anthropic(status: int, data: dict[str, Any]) -> RawResponse:
     err = data.get("error")
     message = err.get("message") if isinstance(err, dict) else None
     return anthropic_error(status, str(message or data))
 
 
 async def serve_messages(
-    gw: Gateway, scope: dict[str, Any], st: SessionState, raw: bytes, capture: CaptureChat
-) -> Any:
+    gw: GatewayPort, scope: dict[str, Any], st: SessionState, path: str, raw: bytes
+) -> ASGIResponse:
     """``POST /v1/messages``: one model call, answered as a ``message`` (or its events)."""
     try:
         body = _parse(raw)
         chat = anthropic.request_to_chat(body)
     except DialectError as exc:
         return anthropic_error(exc.status, exc.message)
-    answer, call = await capture(scope, st, raw, chat)
+    answer, call = await _capture(gw, scope, st, raw, chat)
     status, data = _answer(answer, call)
     if status != 200:
         return _as_anthropic(status, data)
@@ -230,7 +221,9 @@ async def serve_messages(
     return _json(out)
 
 
-async def serve_count_tokens(gw: Gateway, st: SessionState, raw: bytes) -> Any:
+async def serve_count_tokens(
+    gw: GatewayPort, scope: dict[str, Any], st: SessionState, path: str, raw: bytes
+) -> ASGIResponse:
     """``POST /v1/messages/count_tokens``: the prompt's length in the policy's tokens, counted by
     the session's backend (``POST /tokenize`` with the converted messages). Not a model call."""
     try:
@@ -263,3 +256,14 @@ async def serve_count_tokens(gw: Gateway, st: SessionState, raw: bytes) -> Any:
             f"inference backend could not count tokens (POST /tokenize answered {status}: {said})",
         )
     return _json({"input_tokens": count})
+
+
+#: The dialects' routes, as :attr:`Gateway.call_routes` entries (count_tokens makes no model
+#: call, but is held and budget-checked like one: it is the prompt of the next call).
+CALL_ROUTES: dict[
+    str, Callable[[Any, dict[str, Any], Any, str, bytes], Awaitable[ASGIResponse]]
+] = {
+    RESPONSES: serve_responses,
+    MESSAGES: serve_messages,
+    COUNT_TOKENS: serve_count_tokens,
+}
