@@ -400,3 +400,69 @@ def test_count_tokens_is_the_rendered_prompt(
     ]
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
     assert n == len(renderer.render(messages, chat_tools))
+
+
+def test_previous_response_id_survives_losing_the_session_state(gateway: RunningGateway) -> None:
+    """Past the in-memory cache (or after a restart) the earlier response is found in the store."""
+    with gateway.client() as client:
+        h = client.create_session()
+        oai = openai.OpenAI(base_url=h.base_url, api_key=h.token, max_retries=0)
+        first = oai.responses.create(model="policy", input=TASK, tools=RESPONSES_TOOLS)
+        gateway.gateway.sessions[h.session_id].state.clear()  # what a restart forgets
+        call = next(o for o in first.output if o.type == "function_call")
+        follow = oai.responses.create(
+            model="policy",
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "3"}],
+            tools=RESPONSES_TOOLS,
+        )
+        assert follow.status == "completed"
+        calls = client.calls(h.session_id)
+    roles = [m["role"] for m in calls[1].request["messages"]]
+    assert roles == ["user", "assistant", "tool"]
+    assert calls[1].request["messages"][1]["tool_calls"][0]["id"] == call.call_id
+
+
+@pytest.mark.parametrize("route", ["/responses", "/messages"])
+def test_sdk_retries_are_matched_for_dialects(gateway: RunningGateway, route: str) -> None:
+    """A retried dialect request (same bytes, ``x-stainless-retry-count``) supersedes the first."""
+    if route == "/responses":
+        body: dict[str, Any] = {"model": "policy", "input": "hello"}
+    else:
+        body = {
+            "model": "policy",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+    with gateway.client() as client:
+        h = client.create_session()
+        with httpx.Client() as http:
+            assert http.post(h.base_url + route, json=body).status_code == 200
+            retry = http.post(
+                h.base_url + route, json=body, headers={"x-stainless-retry-count": "1"}
+            )
+            assert retry.status_code == 200
+        first, second = client.calls(h.session_id)
+    assert second.retry_of == first.call_id and second.retry_count == 1
+    assert not first.trainable and "superseded_by_retry" in first.flags
+
+
+def test_messages_refusals_of_the_gateway_are_anthropic_shaped(gateway: RunningGateway) -> None:
+    with gateway.client() as client:
+        h = client.create_session(max_calls=1)
+        ant = anthropic_client(_payload(h))
+        kw: dict[str, Any] = {
+            "model": "policy",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        ant.messages.create(**kw)
+        with pytest.raises(anthropic.RateLimitError) as info:
+            ant.with_options(max_retries=0).messages.create(**kw)
+    assert info.value.body == {  # type: ignore[comparison-overlap]
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": f"session {h.session_id!r} reached its budget of 1 model calls",
+        },
+    }
