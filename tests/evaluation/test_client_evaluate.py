@@ -29,7 +29,15 @@ def test_evaluate_at_two_temperatures(capsys: pytest.CaptureFixture[str]) -> Non
             make_tasks(2, "validation"), [{"temperature": 0.0}, {"temperature": 1.0}], k=2
         )
         client.close()
+        with gw.client() as c:
+            records = c.list_sessions()
     assert client.sampling == {"max_tokens": 48} and client.group_size == 3
+    assert client.session_options == {}
+    # the gateway's own record of each session says it was an evaluation, and at which setting
+    assert len(records) == 8
+    marks = sorted(r.metadata["eval"]["setting"] for r in records)
+    assert marks == ["temperature=0.0"] * 4 + ["temperature=1.0"] * 4
+    assert all("rollout_index" in r.metadata for r in records)
     names = [s.setting.name for s in result.settings]
     assert names == ["temperature=0.0", "temperature=1.0"]
     for s in result.settings:

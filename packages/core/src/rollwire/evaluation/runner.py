@@ -36,11 +36,39 @@ class GroupRunner(Protocol):
         ...
 
 
+def _eval_mark(setting: EvalSetting) -> dict[str, Any]:
+    return {"setting": setting.name, "sampling": dict(setting.sampling)}
+
+
+class _Configured:
+    """The client set up for one setting (sampling, group size, session metadata), then restored."""
+
+    def __init__(self, client: GroupRunner, setting: EvalSetting, k: int) -> None:
+        self.client, self.setting, self.k = client, setting, k
+
+    def __enter__(self) -> None:
+        c = self.client
+        self.saved = dict(c.sampling), c.group_size, getattr(c, "session_options", None)
+        c.sampling = {**self.saved[0], **self.setting.sampling}
+        c.group_size = self.k
+        options = self.saved[2]
+        if isinstance(options, dict):
+            # The gateway's record of each session says it is an evaluation too (/ui, the store).
+            meta = {**options.get("metadata", {}), "eval": _eval_mark(self.setting)}
+            c.session_options = {**options, "metadata": meta}  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        c = self.client
+        c.sampling, c.group_size = self.saved[0], self.saved[1]
+        if isinstance(self.saved[2], dict):
+            c.session_options = self.saved[2]  # type: ignore[attr-defined]
+
+
 def mark_eval(groups: Sequence[Group], setting: EvalSetting) -> None:
     """Mark every call non-trainable (flag ``eval``) and note the setting on each rollout."""
     for group in groups:
         for rollout in group.rollouts:
-            rollout.metadata["eval"] = {"setting": setting.name, "sampling": dict(setting.sampling)}
+            rollout.metadata["eval"] = _eval_mark(setting)
             for call in rollout.calls:
                 call.trainable = False
                 if EVAL_FLAG not in call.flags:
@@ -98,19 +126,15 @@ def run_eval(
 ) -> EvalResult:
     """Run ``tasks`` ``k`` times each per setting through ``client`` and score every setting.
 
-    The client's sampling and group size are set for each setting and restored afterwards. The
+    The client's sampling, group size and session metadata (``eval``: the setting) are set for
+    each setting and restored afterwards. The
     groups of each setting, marked by :func:`mark_eval`, go into ``groups_out`` when given.
     """
     chosen = _check(settings, k, ks)
     runs = []
     for setting in settings:
-        saved = dict(client.sampling), client.group_size
-        client.sampling = {**saved[0], **setting.sampling}
-        client.group_size = k
-        try:
+        with _Configured(client, setting, k):
             groups = client.run(list(tasks))
-        finally:
-            client.sampling, client.group_size = saved
         mark_eval(groups, setting)
         if groups_out is not None:
             groups_out[setting.name] = groups
@@ -134,13 +158,8 @@ async def arun_eval(
     chosen = _check(settings, k, ks)
     runs = []
     for setting in settings:
-        saved = dict(client.sampling), client.group_size
-        client.sampling = {**saved[0], **setting.sampling}
-        client.group_size = k
-        try:
+        with _Configured(client, setting, k):
             groups = await client.arun(list(tasks))
-        finally:
-            client.sampling, client.group_size = saved
         mark_eval(groups, setting)
         if groups_out is not None:
             groups_out[setting.name] = groups

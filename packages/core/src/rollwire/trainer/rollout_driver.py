@@ -74,11 +74,12 @@ class RolloutDriver:
                 lambda: gw.create_session(
                     group_id=group_id,
                     task_id=task_id,
-                    metadata={"rollout_index": index},
+                    # session_options["metadata"] (e.g. an evaluation's mark) joins the index
+                    metadata={**self.session_options.get("metadata", {}), "rollout_index": index},
                     sampling=self.sampling,
                     capture=self.capture,
                     ttl=int(deadline + self.deadline_grace + 300),
-                    **self.session_options,
+                    **{k: v for k, v in self.session_options.items() if k != "metadata"},
                 ),
             )
             sid = handle.session_id
