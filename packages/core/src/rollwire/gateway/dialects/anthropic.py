@@ -66,7 +66,9 @@ def _text(block: Mapping[str, Any]) -> str:
 
 
 def _image(block: Mapping[str, Any], where: str) -> dict[str, Any]:
-    source = block.get("source") or {}
+    source = block.get("source")
+    if not isinstance(source, Mapping):
+        raise DialectError(f"{where}.source must be an object", param=f"{where}.source")
     if source.get("type") == "base64":
         url = f"data:{source.get('media_type')};base64,{source.get('data')}"
     elif source.get("type") == "url":

@@ -105,10 +105,12 @@ def _text_parts(parts: Any, where: str, *, allow_images: bool) -> str | list[dic
 
 
 def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
-    content = item.get("content") or []
-    texts = [str(c.get("text", "")) for c in content if isinstance(c, Mapping)]
-    if not texts:
-        texts = [str(s.get("text", "")) for s in item.get("summary") or () if isinstance(s, dict)]
+    content = item.get("content")
+    parts = content if isinstance(content, list) else []
+    texts = [str(c.get("text", "")) for c in parts if isinstance(c, Mapping)]
+    summary = item.get("summary")
+    if not texts and isinstance(summary, list):
+        texts = [str(s.get("text", "")) for s in summary if isinstance(s, Mapping)]
     if not texts and isinstance(item.get("encrypted_content"), str):
         sealed = item["encrypted_content"]
         if not sealed.startswith(_SEALED):
@@ -460,7 +462,8 @@ def response_from_chat(
     finish = choice.get("finish_reason")
     incomplete = _INCOMPLETE.get(finish or "")
     status = "incomplete" if incomplete else "completed"
-    sealed = ENCRYPTED_REASONING in (request.get("include") or ())
+    include = request.get("include")
+    sealed = isinstance(include, list) and ENCRYPTED_REASONING in include
     usage = completion.get("usage") or {}
     prompt, generated = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     asked = request.get("reasoning")
@@ -500,7 +503,7 @@ def response_from_chat(
             "total_tokens": prompt + generated,
         },
         "user": request.get("user"),
-        "metadata": dict(request.get("metadata") or {}),
+        "metadata": dict(meta) if isinstance(meta := request.get("metadata"), Mapping) else {},
     }
 
 
