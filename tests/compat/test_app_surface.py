@@ -57,7 +57,13 @@ def test_ping_answers_fast_while_an_async_handler_blocks_for_4s() -> None:
         caller.join()
     assert answers[0].json() == {"done": True}
     assert len(times) >= 20, times  # pinged all through the 4 s
-    assert max(times) < 0.05, f"slowest /ping {max(times) * 1000:.1f} ms"
+    # Every ping is one loop turn of the server; on a loaded CI machine the OS may still
+    # deschedule it now and then, so 95% must be under 50 ms and none may wait for the handler
+    # (a ping on the handler's loop would take the whole 4 s).
+    ordered = sorted(times)
+    p95 = ordered[int(0.95 * (len(ordered) - 1))]
+    assert p95 < 0.05, f"95th percentile /ping {p95 * 1000:.1f} ms"
+    assert ordered[-1] < 0.5, f"slowest /ping {ordered[-1] * 1000:.1f} ms"
 
 
 def test_rollouts_of_async_handlers_run_off_the_server_loop(recorder: CompleteRecorder) -> None:

@@ -11,6 +11,7 @@ tests put on their ``PYTHONPATH``.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rollwire.agent.app import SESSION_HEADER
 from rollwire.data.foreign import runtime_config, sagemaker_request
 from rollwire.trainer.client import RolloutClient
 from rollwire.trainer.gateway_client import GatewayClient
@@ -73,9 +75,17 @@ def test_gen2_agent_unchanged_under_the_real_runtime_app(gateway: Any) -> None:
         body = {
             **task,
             "_config": runtime_config(_rollwire_view(handle, task)),
-            "_agentcore_runtime": {"version": 1, "operation": "start", "invocation_id": "i1"},
+            # the real app keeps finished invocations on disk: a fresh id, or it answers from there
+            "_agentcore_runtime": {
+                "version": 1,
+                "operation": "start",
+                "invocation_id": uuid.uuid4().hex,
+            },
         }
-        answer = httpx.post(f"{agent.url}/invocations", json=body, timeout=120).json()
+        headers = {SESSION_HEADER: handle.session_id}
+        answer = httpx.post(
+            f"{agent.url}/invocations", json=body, headers=headers, timeout=120
+        ).json()
         calls = control.calls(handle.session_id)
     assert answer["status"] == "completed" and answer["result"] == {"reward": 1.0}, answer
     assert len(calls) == 2
