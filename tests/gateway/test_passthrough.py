@@ -207,6 +207,11 @@ def test_sampling_policy_and_off_policy_flags(
     oai.chat.completions.create(model="p", messages=MSGS, logit_bias={"5": 10})
     (call,) = client.calls(allowed.session_id)
     assert call.off_policy and call.trainable and call.flags == ["logit_bias"]
+    # n > 1: only the first choice is captured and the agent's pick is unknown, so such a call
+    # never trains, even where off-policy calls may
+    oai.chat.completions.create(model="p", messages=MSGS, n=2)
+    _, many = client.calls(allowed.session_id)
+    assert many.flags == ["n>1"] and many.off_policy and not many.trainable
 
 
 def test_policy_version_is_stamped(client: GatewayClient) -> None:

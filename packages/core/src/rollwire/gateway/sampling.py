@@ -11,11 +11,14 @@ import math
 from typing import Any
 
 __all__ = [
+    "GRAMMAR_FLAGS",
     "SAMPLING_KEYS",
+    "UNCAPTURED_CHOICE_FLAGS",
     "apply_sampling",
     "check_sampling",
     "off_policy_flags",
     "tool_choice_flags",
+    "trainable_with",
 ]
 
 SAMPLING_KEYS = (
@@ -113,12 +116,18 @@ def apply_sampling(
 GRAMMAR_FLAGS = frozenset({"guided_decoding", "guided_tool_choice"})
 
 
+#: Flags of calls whose training sample is unknown: with ``n > 1`` the agent sees every choice,
+#: only the first is captured, and which one the agent went on with is unknown.
+UNCAPTURED_CHOICE_FLAGS = frozenset({"n>1"})
+
+
 def trainable_with(flags: list[str], allow_off_policy: bool) -> bool:
     """Whether a call with these off-policy ``flags`` may be trained: no flags, or the session
-    allows off-policy calls and none was served under a grammar."""
+    allows off-policy calls and none was served under a grammar or with ``n > 1``."""
     if not flags:
         return True
-    return allow_off_policy and not GRAMMAR_FLAGS.intersection(flags)
+    never = GRAMMAR_FLAGS | UNCAPTURED_CHOICE_FLAGS
+    return allow_off_policy and not never.intersection(flags)
 
 
 def off_policy_flags(body: dict[str, Any]) -> list[str]:
