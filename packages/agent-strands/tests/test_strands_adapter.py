@@ -101,3 +101,49 @@ def test_a_production_timeout_never_outlasts_the_deadline() -> None:
     assert model.client_args["timeout"] <= 5
     model = rollwire_strands.model({"_rollwire": SESSION}, client_args={"timeout": 30})
     assert model.client_args["timeout"] == 30  # no deadline: production's own bound stays
+
+
+def test_streamed_strands_run_on_a_moe_model_carries_routing() -> None:
+    """Strands streams by default; on an MoE model every call must still carry routed experts."""
+    from rollwire.agent.app import RolloutApp
+    from rollwire.engine import EmbeddedEngine, EngineConfig
+    from rollwire.gateway import serve_in_thread
+    from rollwire.testing.agent import arithmetic_script, arithmetic_task
+    from rollwire.trainer.client import RolloutClient
+    from rollwire.trainer.runners import LocalRunner
+
+    task = arithmetic_task()
+    app = RolloutApp(failure_reward=-1.0)
+
+    @app.rollout_entrypoint
+    def agent(payload: dict[str, Any]) -> float:
+        model = rollwire_strands.model(payload, stream=True)
+        out = TestStrandsAdapter().run_agent(model, task, stream=True, payload=payload)
+        return 1.0 if task.answer in out else 0.0
+
+    cfg = EngineConfig(scripted=arithmetic_script, return_routed_experts=True)
+    with EmbeddedEngine(cfg) as engine, serve_in_thread(backends=[(engine.url, "vllm")]) as gw:
+        trainer = RolloutClient(
+            gw,
+            runner=LocalRunner(app),
+            group_size=1,
+            sampling={"temperature": 0.8, "max_tokens": 128},
+            capture="passthrough",
+            session_options={"routed_experts": True},
+            deadline=120,
+        )
+        (group,) = trainer.run([{"id": "t-1", "prompt": task.prompt}])
+        (rollout,) = group.rollouts
+        assert rollout.status == "completed" and rollout.reward == 1.0, rollout.error
+        with gw.client() as client:
+            calls = client.calls(rollout.rollout_id)
+            rows = client.trajectory(rollout.rollout_id)
+    model_cfg = engine.engine.model.config
+    assert len(calls) == task.expected_model_calls
+    for call in calls:
+        assert call.stream and call.status == "ok" and call.trainable
+        assert call.routed_experts is not None, call.flags
+        n = call.prompt_ids.shape[0] + call.completion_ids.shape[0] - 1
+        assert call.routed_experts.shape == (n, model_cfg.n_layers, model_cfg.top_k)
+        assert "routed_experts_missing" not in call.flags
+    assert rows and all(r.routed_experts is not None for r in rows)

@@ -179,6 +179,9 @@ class RollwireAgentLoop(AgentLoopBase):
             "max_tokens": "min",
             **dict(options.get("sampling_policy") or {}),
         }
+        if self.routing_shape() is not None:
+            # streamed passthrough calls are then asked non-streamed, so routing is captured
+            options.setdefault("routed_experts", True)
         handle = await gw.create_session(
             group_id=group_id,
             task_id=task_id,

@@ -23,10 +23,10 @@ from rollwire.gateway.asgi import CHAT_PATH, MODELS_PATH, ASGIResponse, header
 from rollwire.gateway.capture import Asked
 from rollwire.gateway.commit import commit_call, new_call, store_unavailable
 from rollwire.gateway.context import ChatContext
-from rollwire.gateway.dispatch import Commit, forward
+from rollwire.gateway.dispatch import Commit, expect_routing, forward
 from rollwire.gateway.errors import GatewayError, error_response
 from rollwire.gateway.ports import GatewayPort
-from rollwire.gateway.relay import forward_stream
+from rollwire.gateway.relay import forward_stream, restream
 from rollwire.gateway.sampling import tool_choice_flags, trainable_with
 from rollwire.gateway.sessions import Attempt, SessionState
 from rollwire.store import StoreUnavailable
@@ -230,6 +230,10 @@ async def _dispatch(
         request=body,
         capture="passthrough",
     )
+    if rec.routed_experts:
+        commit = expect_routing(gw, commit)
+        if stream and chat and body.get("n") in (None, 1):
+            return await restream(gw, st, call, fwd, asked, body, path, t0, commit)
     if stream:
         headers = {"content-type": _JSON, "x-session-id": st.header_id}
         return await forward_stream(gw, st, call, fwd, asked, chat, path, headers, t0, commit)

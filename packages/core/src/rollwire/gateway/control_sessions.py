@@ -53,6 +53,7 @@ _CREATE_FIELDS = {
     "max_tokens",
     "capture",
     "allow_off_policy",
+    "routed_experts",
     "chat_template_kwargs",
 }
 
@@ -105,6 +106,11 @@ def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
         raise GatewayError(
             400, f"allow_off_policy must be true or false, got {aop!r}", code="invalid_field"
         )
+    experts = body.get("routed_experts")
+    if experts is not None and not isinstance(experts, bool):
+        raise GatewayError(
+            400, f"routed_experts must be true or false, got {experts!r}", code="invalid_field"
+        )
     ttl = default_ttl
     if body.get("ttl") is not None:
         ttl = positive_seconds(body["ttl"], "ttl")
@@ -127,6 +133,7 @@ def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
         sampling_policy=dict(policy),
         capture=capture,
         allow_off_policy=aop,
+        routed_experts=bool(experts),
         chat_template_kwargs=body.get("chat_template_kwargs"),
         max_calls=max_calls,
         max_tokens=max_tokens,

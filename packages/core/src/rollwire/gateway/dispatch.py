@@ -24,7 +24,9 @@ from rollwire.gateway.upstream import UpstreamBrokenError, UpstreamConnectError,
 
 __all__ = [
     "LOGPROBS_MODE",
+    "ROUTING_MISSING_FLAG",
     "Commit",
+    "expect_routing",
     "fail_call",
     "fill_call",
     "forward",
@@ -229,6 +231,22 @@ async def forward(
     await commit(call)
     gw.metrics.latency.observe(time.perf_counter() - t0)
     return RawResponse(payload)
+
+
+#: flag of a call whose session wants routed experts but which came back without them
+ROUTING_MISSING_FLAG = "routed_experts_missing"
+
+
+def expect_routing(gw: GatewayPort, commit: Commit) -> Commit:
+    """``commit`` that first flags (and counts in ``/metrics``) a successful call without routing."""
+
+    async def checked(call: ModelCall) -> None:
+        if call.status == "ok" and call.routed_experts is None and call.completion_ids.shape[0]:
+            call.flags.append(ROUTING_MISSING_FLAG)
+            gw.metrics.routing_missing += 1
+        await commit(call)
+
+    return checked
 
 
 def fill_call(gw: GatewayPort, call: ModelCall, cap: Captured, backend: Backend) -> None:

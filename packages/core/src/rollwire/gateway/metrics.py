@@ -61,6 +61,8 @@ class GatewayMetrics:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.errors: defaultdict[str, int] = defaultdict(int)
+        #: calls of routed-experts sessions that came back without routing
+        self.routing_missing = 0
         self.latency = _Histogram(_LATENCY_BUCKETS_S)
         self.upstream_latency = _Histogram(_LATENCY_BUCKETS_S)
         self.commit_latency = _Histogram(_COMMIT_BUCKETS_S)
@@ -94,6 +96,10 @@ class GatewayMetrics:
         for kind, n in sorted(self.errors.items()):
             out.append(f'rollwire_errors_total{{kind="{kind}"}} {n}')
         out += [
+            "# HELP rollwire_routed_experts_missing_total Calls of sessions that want routed "
+            "experts that came back without them.",
+            "# TYPE rollwire_routed_experts_missing_total counter",
+            f"rollwire_routed_experts_missing_total {self.routing_missing}",
             "# HELP rollwire_active_sessions Sessions with live state in this gateway.",
             "# TYPE rollwire_active_sessions gauge",
             f"rollwire_active_sessions {active_sessions}",

@@ -19,7 +19,7 @@ import orjson
 from starlette.responses import StreamingResponse
 
 from rollwire.data.protocol import ModelCall
-from rollwire.gateway.asgi import ASGIResponse
+from rollwire.gateway.asgi import ASGIResponse, RawResponse
 from rollwire.gateway.backends import Backend
 from rollwire.gateway.capture import Asked, StreamAccumulator, strip_chunk
 from rollwire.gateway.dispatch import (
@@ -27,14 +27,16 @@ from rollwire.gateway.dispatch import (
     Commit,
     fail_call,
     fill_call,
+    forward,
     open_stream,
     upstream_refused,
 )
 from rollwire.gateway.errors import GatewayError, error_body
 from rollwire.gateway.ports import GatewayPort
 from rollwire.gateway.sessions import SessionState
+from rollwire.gateway.tokens_response import iterate, sse_chunks
 
-__all__ = ["StreamRelay", "forward_stream"]
+__all__ = ["StreamRelay", "forward_stream", "restream"]
 
 log = logging.getLogger("rollwire.gateway")
 
@@ -86,6 +88,54 @@ async def forward_stream(
     return StreamingResponse(
         relay.run(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
     )
+
+
+async def restream(
+    gw: GatewayPort,
+    st: SessionState,
+    call: ModelCall,
+    fwd: dict[str, Any],
+    asked: Asked,
+    body: dict[str, Any],
+    path: str,
+    t0: float,
+    commit: Commit,
+) -> ASGIResponse:
+    """A streamed call asked of the backend non-streamed, then streamed to the agent.
+
+    vLLM and SGLang return routed experts only on a whole response, never on stream chunks, so a
+    session that wants routing gets it this way (as tokens mode streams a finished generation):
+    the call is captured and committed like any non-streamed one, and the agent still sees a
+    ``chat.completion.chunk`` stream of the same message. A refusal or failure is answered as
+    the non-streamed path answers it.
+    """
+    once = {k: v for k, v in fwd.items() if k not in ("stream", "stream_options")}
+    answer = await forward(gw, st, call, once, asked, path, st.upstream_headers, t0, commit)
+    if not isinstance(answer, RawResponse) or answer.status != 200:
+        return answer
+    opts = body.get("stream_options")
+    usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    chunks = sse_chunks(_chunkable(orjson.loads(answer.body)), usage)
+    return StreamingResponse(
+        iterate(chunks), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+    )
+
+
+def _chunkable(data: dict[str, Any]) -> dict[str, Any]:
+    """A backend's ``chat.completion`` with what :func:`sse_chunks` reads always present."""
+    out = dict(data)
+    out.setdefault("id", f"chatcmpl-{int(time.time() * 1e6):x}")
+    out.setdefault("created", int(time.time()))
+    out.setdefault("model", "")
+    out.setdefault("usage", None)
+    choice = dict((out.get("choices") or [{}])[0])
+    message = dict(choice.get("message") or {})
+    if not message.get("reasoning") and message.get("reasoning_content"):
+        message["reasoning"] = message["reasoning_content"]
+    choice["message"] = message
+    choice.setdefault("finish_reason", None)
+    out["choices"] = [choice]
+    return out
 
 
 class StreamRelay:

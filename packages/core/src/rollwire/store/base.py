@@ -65,6 +65,10 @@ class SessionRecord:
     sampling_policy: dict[str, str] = field(default_factory=dict)
     capture: str = "passthrough"
     allow_off_policy: bool = False
+    #: the session trains with routing replay: a streamed passthrough call is asked non-streamed
+    #: and re-streamed to the agent (vLLM and SGLang put no routing on stream chunks), and a call
+    #: that still comes back without routed experts is flagged ``routed_experts_missing``
+    routed_experts: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     max_calls: int | None = None
     max_tokens: int | None = None

@@ -1,0 +1,91 @@
+"""Streamed passthrough calls of a session that wants routed experts (issue 14, item 8).
+
+vLLM and SGLang put routed experts on a whole response only, never on stream chunks, so a streamed
+call was captured without routing. A session created with ``routed_experts=True`` has such a call
+asked non-streamed and re-streamed to the agent; one that still comes back without routing is
+flagged ``routed_experts_missing`` and counted in ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from rollwire.engine import EmbeddedEngine, EngineConfig
+from rollwire.gateway import RunningGateway, serve_in_thread
+
+MSGS = [{"role": "user", "content": "hello"}]
+
+
+def _script(messages: list[dict[str, Any]], tools: Any) -> str:
+    return "Hello there, friend."
+
+
+@pytest.fixture(scope="module")
+def moe() -> Iterator[tuple[EmbeddedEngine, RunningGateway]]:
+    cfg = EngineConfig(scripted=_script, return_routed_experts=True, default_max_tokens=32)
+    with EmbeddedEngine(cfg) as eng, serve_in_thread(backends=[(eng.url, "vllm")]) as gw:
+        yield eng, gw
+
+
+def _stream_text(oai: openai.OpenAI, **kw: Any) -> tuple[str, list[Any]]:
+    chunks = list(oai.chat.completions.create(model="policy", messages=MSGS, stream=True, **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def test_streamed_call_carries_routing_when_the_session_wants_it(
+    moe: tuple[EmbeddedEngine, RunningGateway],
+) -> None:
+    eng, gw = moe
+    layers, top_k = eng.engine.model.config.n_layers, eng.engine.model.config.top_k
+    with gw.client() as c:
+        h = c.create_session(routed_experts=True)
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        text, chunks = _stream_text(oai, stream_options={"include_usage": True})
+        plain = oai.chat.completions.create(model="policy", messages=MSGS)
+        assert text == plain.choices[0].message.content == "Hello there, friend."
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        assert chunks[-2].choices[0].finish_reason == "stop"
+        streamed, whole = c.calls(h.session_id)
+        assert streamed.stream and not whole.stream
+        for call in (streamed, whole):
+            assert call.routed_experts is not None
+            n = call.prompt_ids.shape[0] + call.completion_ids.shape[0] - 1
+            assert call.routed_experts.shape == (n, layers, top_k)
+            assert "routed_experts_missing" not in call.flags and call.trainable
+        # the agent sees no vendor fields it did not ask for
+        assert "routed_experts" not in chunks[-2].choices[0].model_dump()
+
+
+def test_without_the_session_option_a_stream_has_no_routing(
+    moe: tuple[EmbeddedEngine, RunningGateway],
+) -> None:
+    _, gw = moe
+    with gw.client() as c:
+        h = c.create_session()
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        _stream_text(oai)
+        (call,) = c.calls(h.session_id)
+        assert call.stream and call.routed_experts is None  # what vLLM's chunks give
+        assert "routed_experts_missing" not in call.flags
+
+
+def test_a_call_without_routing_is_flagged_and_counted() -> None:
+    cfg = EngineConfig(scripted=_script, return_routed_experts=False, default_max_tokens=32)
+    with EmbeddedEngine(cfg) as eng, serve_in_thread(backends=[(eng.url, "vllm")]) as gw:
+        with gw.client() as c:
+            h = c.create_session(routed_experts=True)
+            oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+            _stream_text(oai)
+            oai.chat.completions.create(model="policy", messages=MSGS)
+            calls = c.calls(h.session_id)
+            assert [("routed_experts_missing" in call.flags) for call in calls] == [True, True]
+            with pytest.raises(Exception, match="routed_experts must be true or false"):
+                c.create_session(routed_experts="yes")
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert "rollwire_routed_experts_missing_total 2" in metrics
