@@ -60,3 +60,37 @@ def test_agents_sdk_keeps_the_responses_model() -> None:
     assert isinstance(provided, OpenAIResponsesModel) and provided.model == "policy-7"
     with pytest.raises(ValueError, match="api must be"):
         agents_model(PAYLOAD, model="x", api="completions")
+
+
+def test_strands_and_langchain_anthropic_models() -> None:
+    from langchain_anthropic import ChatAnthropic
+    from strands.models.anthropic import AnthropicModel
+
+    from rollwire_langgraph import anthropic_chat_model
+    from rollwire_strands import anthropic_model
+
+    payload = {
+        "_rollwire": {
+            **PAYLOAD["_rollwire"],
+            "sampling": {"temperature": 0.7, "min_p": 0.1, "max_tokens": 99},
+        }
+    }  # type: ignore[dict-item]
+    m = anthropic_model(
+        payload, model_id="claude-x", max_tokens=10, client_args={"api_key": "prod"}
+    )
+    assert isinstance(m, AnthropicModel)
+    assert (
+        str(m.client.base_url).rstrip("/") == "http://gw:8000/s/tok" and m.client.api_key == "tok"
+    )
+    cfg = m.get_config()
+    assert cfg["model_id"] == "policy-7" and cfg["max_tokens"] == 99
+    assert cfg["params"] == {"temperature": 0.7, "extra_body": {"min_p": 0.1}}
+    prod = anthropic_model({}, model_id="claude-x", max_tokens=10, client_args={"api_key": "prod"})
+    assert prod.get_config()["model_id"] == "claude-x" and prod.client.api_key == "prod"
+    chat = anthropic_chat_model(payload, model="claude-x", api_key="prod", stop=["END"])
+    assert isinstance(chat, ChatAnthropic) and chat.model == "policy-7"
+    assert chat.anthropic_api_url == "http://gw:8000/s/tok"
+    assert chat.anthropic_api_key.get_secret_value() == "tok"
+    assert chat.temperature == 0.7 and chat.max_tokens == 99 and chat.stop_sequences == ["END"]
+    assert chat.model_kwargs == {"min_p": 0.1}
+    assert anthropic_chat_model({}, model="claude-x", api_key="prod").model == "claude-x"

@@ -239,19 +239,16 @@ def anthropic_async(h: SessionHandle, stream: bool) -> list[Turn]:
 
 
 def langchain_anthropic(h: SessionHandle, stream: bool) -> list[Turn]:
-    """LangChain's ``ChatAnthropic`` with bound tools, the usual tool loop."""
+    """LangChain's ``ChatAnthropic`` (from the LangGraph adapter) with bound tools."""
     from langchain_anthropic import ChatAnthropic
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-    base = h.base_url.removesuffix("/v1")
-    llm = ChatAnthropic(
-        model="policy",
-        base_url=base,
-        api_key=h.token,
-        max_tokens=256,
-        max_retries=0,
-        streaming=stream,
+    from rollwire_langgraph import anthropic_chat_model
+
+    llm = anthropic_chat_model(
+        _payload(h), model="claude-production", api_key="prod", max_tokens=256, streaming=stream
     )
+    assert isinstance(llm, ChatAnthropic) and llm.model == "policy"
     bound = llm.bind_tools([{"name": "add", "description": "Add.", "input_schema": PARAMETERS}])
     messages: list[Any] = [SystemMessage(SYSTEM), HumanMessage(TASK)]
     got: list[Turn] = []
@@ -275,6 +272,38 @@ def langchain_anthropic(h: SessionHandle, stream: bool) -> list[Turn]:
     return got
 
 
+def strands_anthropic(h: SessionHandle, stream: bool) -> list[Turn]:
+    """A Strands ``Agent`` on the adapter's ``AnthropicModel`` (Strands always streams)."""
+    from strands import Agent, tool
+
+    from rollwire_strands import anthropic_model
+
+    @tool
+    def add(a: int, b: int) -> str:
+        """Add two integers."""
+        return str(a + b)
+
+    model = anthropic_model(_payload(h), model_id="claude-production", max_tokens=256)
+    agent = Agent(model=model, tools=[add], system_prompt=SYSTEM, callback_handler=None)
+    agent(TASK)
+    got: list[Turn] = []
+    for msg in agent.messages:
+        if msg["role"] != "assistant":
+            continue
+        blocks = msg["content"]
+        reasoning = "".join(
+            b["reasoningContent"]["reasoningText"]["text"]
+            for b in blocks
+            if "reasoningContent" in b
+        )
+        text = "".join(b["text"] for b in blocks if "text" in b)
+        calls = [
+            (b["toolUse"]["name"], dict(b["toolUse"]["input"])) for b in blocks if "toolUse" in b
+        ]
+        got.append((reasoning, text, calls))
+    return got
+
+
 DRIVERS: dict[str, Callable[[SessionHandle, bool], list[Turn]]] = {
     "responses-replay": responses_replay,
     "responses-chained": responses_chained,
@@ -282,6 +311,7 @@ DRIVERS: dict[str, Callable[[SessionHandle, bool], list[Turn]]] = {
     "anthropic": anthropic_sdk,
     "anthropic-async": anthropic_async,
     "langchain-anthropic": langchain_anthropic,
+    "strands-anthropic": strands_anthropic,
 }
 
 

@@ -134,10 +134,9 @@ def claude_code_command(
     from the session, every model role mapped to the session's model), permissions skipped,
     no user settings or MCP servers, telemetry and auto-update off. ``system_prompt`` and
     ``tools`` (built-in tool names) narrow what the model is shown."""
-    base = ctx.base_url.rstrip("/")
     env = {
         "HOME": str(home),
-        "ANTHROPIC_BASE_URL": base[: -len("/v1")] if base.endswith("/v1") else base,
+        "ANTHROPIC_BASE_URL": ctx.anthropic_base_url,
         "ANTHROPIC_API_KEY": ctx.api_key,
         "ANTHROPIC_MODEL": ctx.model,
         "ANTHROPIC_SMALL_FAST_MODEL": ctx.model,

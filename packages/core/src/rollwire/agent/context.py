@@ -76,6 +76,13 @@ class RolloutContext:
     task_id: str | None = None
     version: int = 1
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """The session's base URL as Anthropic clients take it: without the ``/v1`` they add
+        themselves (``{gateway}/s/{token}``)."""
+        base = self.base_url.rstrip("/")
+        return base[: -len("/v1")] if base.endswith("/v1") else base
+
     def remaining(self, now: float | None = None) -> float | None:
         """Seconds until the deadline (may be negative), or None when there is none."""
         if self.deadline is None:
@@ -269,8 +276,7 @@ def _anthropic_kwargs(ctx: RolloutContext, production_kwargs: Mapping[str, Any])
         k: v for k, v in production_kwargs.items() if k not in ("base_url", "api_key", "auth_token")
     }
     # The Anthropic SDK appends ``/v1/messages`` itself; the session token goes as ``x-api-key``.
-    base = ctx.base_url.rstrip("/")
-    kwargs["base_url"] = base[: -len("/v1")] if base.endswith("/v1") else base
+    kwargs["base_url"] = ctx.anthropic_base_url
     kwargs["api_key"] = ctx.api_key
     kwargs["max_retries"] = ROLLOUT_MAX_RETRIES
     kwargs["timeout"] = session_timeout(ctx, kwargs.get("timeout"))
