@@ -1,5 +1,5 @@
-"""Shared servers for the rollout tests: a scripted embedded engine, a real gateway, a stand-in
-for ``complete_url``. Every server runs on 127.0.0.1 on a free port and is stopped at the end."""
+"""A stand-in for ``complete_url`` (as in tests/rollouts): it records every terminal record. It
+runs on 127.0.0.1 on a free port and is stopped at the end."""
 
 from __future__ import annotations
 
@@ -81,17 +81,3 @@ def recorder() -> Iterator[CompleteRecorder]:
     rec = CompleteRecorder()
     with rec.server:
         yield rec
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
-    """A scripted embedded engine (Wordle solver) behind a real gateway."""
-    from rollwire.engine import EmbeddedEngine, EngineConfig
-    from rollwire.envs.wordle import WordleSolver
-    from rollwire.gateway import serve_in_thread
-
-    with (
-        EmbeddedEngine(EngineConfig(scripted=WordleSolver(seed=0))) as engine,
-        serve_in_thread(backends=[(engine.url, "vllm")]) as gateway,
-    ):
-        yield gateway
