@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
+
+# The test-only trainer plugins (tests/fixture-plugin) are made visible to entry-point discovery
+# here, in the test process only: the folder holds the package and its .dist-info, so
+# `rollwire plugins` in the workspace (or anywhere else) never lists them.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "fixture-plugin" / "src"))
 
 # Two groups need a venv of their own, which the workspace venv deliberately is not (no multi-GB
 # torch in `uv sync`); .ci/run runs each in its venv. Here they are left out of collection rather

@@ -1,27 +1,47 @@
 #!/usr/bin/env bash
-# Build every workspace wheel and install them with plain pip into a fresh venv outside the
-# workspace: proves the published artefacts (not the workspace) work, extras included.
+# The install a newcomer does, from built artefacts: build every workspace package (sdist + wheel),
+# `twine check` them (what PyPI would refuse), install `rollwire[strands]` with plain pip into a
+# fresh venv outside the workspace, and run `rollwire demo --agent strands` from an empty folder.
+# Then the other extras, and `rollwire plugins --json` says what each adapter can do there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dist=$(mktemp -d)
-venv=$(mktemp -d)/venv
-trap 'rm -rf "$dist" "$(dirname "$venv")"' EXIT
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+dist="$scratch/dist"
+venv="$scratch/venv"
+empty="$scratch/empty"
+mkdir -p "$empty"
 
-uv build --all-packages --wheel -o "$dist" -q
+uv build --all-packages -o "$dist" -q
 ls "$dist"
+uvx --quiet twine check --strict "$dist"/*
+
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --find-links "$dist" "rollwire[strands,langgraph,slime,rllm]"
-# `rollwire[verl]` brings verl + torch: install the adapter alone here (its framework check then
-# reports "missing"), the verl venv of .ci/run installs the whole extra.
-"$venv/bin/pip" install -q --find-links "$dist" --no-deps rollwire-verl
-cd "$(dirname "$venv")"
+"$venv/bin/pip" install -q --find-links "$dist" "rollwire[strands]"
+cd "$empty"
 "$venv/bin/rollwire" --version
-COLUMNS=200 "$venv/bin/rollwire" plugins | tee plugins.txt
-for name in strands langgraph openai slime rllm; do
-  grep -E "^│ $name +│.*│ ok" plugins.txt >/dev/null || { echo "plugin $name is not ok"; exit 1; }
-done
-grep -E "^│ verl +│.*│ missing" plugins.txt >/dev/null || { echo "verl should report its missing framework"; exit 1; }
-# The main job works from the wheels alone, outside the repository.
-"$venv/bin/rollwire" demo --tasks 2 --group-size 2 --out "$(dirname "$venv")/demo" | tail -n 5
-test -s "$(dirname "$venv")/demo/rollouts.jsonl"
+# The Strands agent ships inside the installed packages: no repository, no examples/ folder here.
+"$venv/bin/rollwire" demo --agent strands --tasks 2 --group-size 2 --out demo | tail -n 12 | tee demo.txt
+test -s demo/rollouts.jsonl
+grep -E "calls with routed experts +│ +([0-9]+) / \1 " demo.txt >/dev/null \
+  || { echo "the demo's calls should all carry routed experts"; exit 1; }
+
+"$venv/bin/pip" install -q --find-links "$dist" "rollwire[langgraph,slime,rllm]"
+# `rollwire[verl]` brings verl + torch: install the adapter alone here (its framework check then
+# reports "missing"); the verl venv of .ci/run installs the whole extra.
+"$venv/bin/pip" install -q --find-links "$dist" --no-deps rollwire-verl
+"$venv/bin/rollwire" plugins --json > plugins.json
+"$venv/bin/python" - plugins.json <<'EOF'
+import json, sys
+
+state = {p["name"]: p["state"] for p in json.load(open(sys.argv[1]))}
+want = {"strands": "ok", "langgraph": "ok", "openai": "ok", "slime": "export only",
+        "rllm": "export only", "verl": "missing"}
+wrong = {k: (state.get(k), v) for k, v in want.items() if state.get(k) != v}
+assert not wrong, f"plugin states (got, want): {wrong}"
+assert not any(k.startswith("fixture-") for k in state), state
+print("plugins:", state)
+EOF
+"$venv/bin/rollwire" demo --tasks 2 --group-size 2 --out demo-openai | tail -n 3
+test -s demo-openai/rollouts.jsonl
 echo "wheels OK"

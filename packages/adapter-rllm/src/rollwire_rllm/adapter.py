@@ -29,6 +29,8 @@ class RllmAdapter:
     name = "rllm"
     #: conversion needs no framework: without rLLM the documented dict form is produced.
     requires: Sequence[str] = ()
+    #: the trainer's distribution: without it the adapter is "export only" (``rollwire plugins``)
+    framework = "rllm"
 
     def convert(self, batch: Batch, **options: Any) -> list[Any]:
         """``Episode``s when rLLM is importable, else their ``to_dict()`` form.

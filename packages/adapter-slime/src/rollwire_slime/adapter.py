@@ -33,6 +33,8 @@ class SlimeAdapter:
     name = "slime"
     #: conversion needs no framework: without slime the documented dict form is produced.
     requires: Sequence[str] = ()
+    #: the trainer's distribution: without it the adapter is "export only" (``rollwire plugins``)
+    framework = "slime"
 
     def convert(self, batch: Batch, **options: Any) -> list[list[Any]]:
         """``Sample``s when slime is importable, else their ``to_dict()`` form; same nesting.

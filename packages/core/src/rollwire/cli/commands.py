@@ -1,165 +1,95 @@
-"""``rollwire run``, ``rollwire export`` and ``rollwire demo`` (registered by :mod:`rollwire.cli`)."""
+"""``rollwire export`` and ``rollwire demo`` (registered by :mod:`rollwire.cli.app`)."""
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from rollwire.cli.run_summary import METRICS_HELP, report_run
+from rollwire.cli.errors import FAILED, check_output_free, fail
+from rollwire.cli.run import import_path, quiet_logs
+from rollwire.cli.summary import summary_table
 
-__all__ = ["demo", "export", "run"]
+__all__ = ["demo", "export", "export_options", "load_tokenizer"]
 
 console = Console()
 
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[red]error:[/red] {escape(message)}")
-    return typer.Exit(code)
-
-
-def _import_path() -> None:
-    # Console scripts do not put the working directory on sys.path; `--agent examples.x:app` should work.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+#: ``rollwire export`` flags and the adapter option each one sets
+_EXPORT_FLAGS = {
+    "pad_token_id": "--pad-token-id",
+    "max_prompt_length": "--max-prompt-length",
+    "max_response_length": "--max-response-length",
+    "tokenizer": "--tokenizer",
+    "mode": "--mode",
+}
 
 
-def _read_tasks(path: Path) -> list[dict[str, Any]]:
-    from rollwire.data.tasks import read_tasks
+class _FileTokenizer:
+    """A Hugging Face ``tokenizer.json`` through the ``tokenizers`` library: what adapters need
+    (decode, special ids, the pad id) when transformers is not installed."""
 
+    def __init__(self, folder: Path) -> None:
+        import json
+
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        added = json.loads((folder / "tokenizer.json").read_text()).get("added_tokens", [])
+        self.all_special_ids = [int(t["id"]) for t in added if t.get("special")]
+        config = folder / "tokenizer_config.json"
+        pad = json.loads(config.read_text()).get("pad_token") if config.exists() else None
+        pad_text = pad.get("content") if isinstance(pad, dict) else pad
+        self.pad_token_id = self._tok.token_to_id(pad_text) if isinstance(pad_text, str) else None
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The tokenizer of a Hugging Face folder: transformers' ``AutoTokenizer`` when installed
+    (offline, local files only), else the folder's ``tokenizer.json`` read by ``tokenizers``."""
+    if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+        raise fail(f"--tokenizer {path}: not a Hugging Face tokenizer folder (no tokenizer.json)")
     try:
-        return read_tasks(path)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+        from transformers import AutoTokenizer
+    except ImportError:
+        return _FileTokenizer(path)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many kinds for a folder it cannot read
+        raise fail(f"--tokenizer {path}: cannot load it: {type(exc).__name__}: {exc}") from exc
 
 
-def run(
-    agent: str = typer.Option(
-        None, "--agent", help="The agent app as MODULE:APP (needed by the local and ray runners)."
-    ),
-    tasks: Path = typer.Option(
-        ...,
-        "--tasks",
-        exists=True,
-        help="Tasks: JSONL, a JSON array, CSV, Parquet, or a local Hugging Face datasets folder.",
-    ),
-    group_size: int = typer.Option(
-        4, "--group-size", "-n", min=1, help="Rollouts per task (the GRPO group)."
-    ),
-    concurrency: int = typer.Option(
-        32, "--concurrency", "-c", min=1, help="Rollouts in flight at most."
-    ),
-    runner: str = typer.Option(
-        "local", "--runner", help="local | http:URL[,URL] | ray[:ADDRESS] | agentcore:ARN"
-    ),
-    gateway: str = typer.Option(
-        "embedded", "--gateway", help="Gateway URL, or 'embedded' to start one in-process."
-    ),
-    admin_key: str = typer.Option(
-        None, "--admin-key", envvar="ROLLWIRE_ADMIN_KEY", help="Admin key of --gateway URL."
-    ),
-    backend: list[str] = typer.Option(
-        [],
-        "--backend",
-        help="Inference server URL[=kind] for the embedded gateway; 'embedded' starts the embedded engine.",
-    ),
-    capture: str = typer.Option("passthrough", "--capture", help="passthrough | tokens"),
-    temperature: float = typer.Option(
-        1.0, "--temperature", help="Sampling temperature of every session."
-    ),
-    max_tokens: int = typer.Option(None, "--max-tokens", help="Max tokens per model call."),
-    deadline: float = typer.Option(600.0, "--deadline", help="Seconds per rollout."),
-    rate_limit: float = typer.Option(
-        None, "--rate-limit", help="Rollouts started per second at most."
-    ),
-    out: Path = typer.Option(
-        Path("rollouts.jsonl"), "--out", "-o", help="Where to write the rollouts (JSONL)."
-    ),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
-    metrics: str = typer.Option(None, "--metrics", help=METRICS_HELP),
-) -> None:
-    """Run tasks as groups of rollouts through a gateway and write them to a JSONL file."""
-    from rollwire.agent.app import load_app
-    from rollwire.data.dataset import write_jsonl
-    from rollwire.trainer.client import GatewayUnavailable, RolloutClient
-    from rollwire.trainer.runners import RunnerError
+def export_options(adapter: Any, batch: Any, path: Path, options: dict[str, Any]) -> Path:
+    """``adapter.export(batch, path, **options)``; an option the adapter does not take ends the
+    command naming its flag (adapters take ``**options`` and pass them on to their converter)."""
+    try:
+        return Path(adapter.export(batch, path, **options))
+    except TypeError as exc:
+        for key, flag in _EXPORT_FLAGS.items():
+            if key in options and f"'{key}'" in str(exc):
+                raise fail(f"the {adapter.name} adapter takes no {flag} ({exc})") from exc
+        raise
 
-    if capture not in ("passthrough", "tokens"):
-        raise _fail(f"--capture must be passthrough or tokens, got {capture!r}")
-    kind = runner.partition(":")[0]
-    if kind in ("local", "ray") and not agent:
-        raise _fail(
-            f"the {kind} runner needs --agent MODULE:APP (e.g. rollwire.envs.wordle.agent_openai:app)"
-        )
-    _import_path()
-    app = None
-    if agent and kind == "local":
-        try:
-            app = load_app(agent)
-        except (ImportError, AttributeError, ValueError, TypeError) as exc:
-            raise _fail(f"cannot load --agent {agent}: {exc}") from exc
-    task_list = _read_tasks(tasks)
-    if not task_list:
-        raise _fail(f"{tasks} holds no tasks")
-    sampling: dict[str, Any] = {"temperature": temperature}
-    if max_tokens is not None:
-        sampling["max_tokens"] = max_tokens
-    with contextlib.ExitStack() as stack:
-        backends: list[str] = []
-        for b in backend:
-            if b == "embedded":
-                from rollwire.engine import EmbeddedEngine
 
-                backends.append(f"{stack.enter_context(EmbeddedEngine()).url}=vllm")
-            else:
-                backends.append(b)
-        if gateway == "embedded" and not backends:
-            raise _fail(
-                "the embedded gateway needs at least one --backend URL (or --backend embedded)"
-            )
-        try:
-            client = RolloutClient(
-                gateway,
-                admin_key=admin_key,
-                backends=backends,
-                runner=runner,
-                app=app,
-                app_path=agent,
-                group_size=group_size,
-                sampling=sampling,
-                capture=capture,  # type: ignore[arg-type]
-                concurrency=concurrency,
-                rate_limit=rate_limit,
-                deadline=deadline,
-                progress=progress,
-            )
-        except (ValueError, TypeError, ImportError) as exc:
-            raise _fail(str(exc)) from exc
-        stack.callback(client.close)
-        try:
-            groups = client.run(task_list)
-        except GatewayUnavailable as exc:
-            if exc.groups:
-                write_jsonl(out, exc.groups)
-                console.print(f"wrote the {len(exc.groups)} groups that finished to {out}")
-            raise _fail(str(exc), 1) from exc
-        except (ImportError, RunnerError, ValueError, TypeError) as exc:
-            raise _fail(f"{type(exc).__name__}: {exc}", 1) from exc
-    n = write_jsonl(out, groups)
-    s = client.stats
-    console.print(
-        f"wrote {n} rollouts ({len(groups)} groups) to {out}: {s.completed} completed, {s.failed} failed "
-        f"({s.statuses}), {s.calls} model calls in {s.wall_s:.1f}s"
-    )
-    report_run(console, groups, s.wall_s, metrics)
+def _trainer_names() -> tuple[list[str], list[str]]:
+    """Names of the trainer adapters that can export here, and notes on those that cannot."""
+    from rollwire.plugins import discover
+
+    ok: list[str] = []
+    notes: list[str] = []
+    for info in discover("trainers"):
+        if info.status == "ok":
+            ok.append(info.name)
+        else:
+            notes.append(f"{info.name} ({info.status}: {info.detail})")
+    return ok, notes
 
 
 def export(
@@ -169,63 +99,135 @@ def export(
         "-i",
         exists=True,
         dir_okay=False,
+        metavar="FILE",
         help="Rollouts JSONL written by `rollwire run`.",
     ),
     to: str = typer.Option(
         ...,
         "--to",
-        help="jsonl, or the name of an installed trainer adapter (see `rollwire plugins`).",
+        metavar="NAME",
+        help="jsonl, or an installed trainer adapter (verl, slime, rllm; see `rollwire plugins`).",
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Output path."),
+    out: Path = typer.Option(..., "--out", "-o", metavar="PATH", help="Output path."),
+    pad_token_id: int = typer.Option(
+        None,
+        "--pad-token-id",
+        metavar="ID",
+        help="verl: the pad id (default: the tokenizer's, else 0).",
+    ),
+    max_prompt_length: int = typer.Option(
+        None,
+        "--max-prompt-length",
+        min=1,
+        metavar="N",
+        help="verl: prompt width (data.max_prompt_length).",
+    ),
+    max_response_length: int = typer.Option(
+        None,
+        "--max-response-length",
+        min=1,
+        metavar="N",
+        help="verl: response width (data.max_response_length).",
+    ),
+    tokenizer: Path = typer.Option(
+        None,
+        "--tokenizer",
+        file_okay=False,
+        exists=True,
+        metavar="DIR",
+        help="Hugging Face tokenizer folder: response text (slime), fork classes, pad id.",
+    ),
+    mode: str = typer.Option(
+        None, "--mode", metavar="MODE", help="merge (one row per prefix chain) or per_call."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite --out if it exists."),
 ) -> None:
     """Convert rollouts to a trainer's batch format (verl, slime, rLLM, ...) or rollwire JSONL."""
     from rollwire.data.dataset import read_jsonl, write_jsonl
     from rollwire.plugins import PluginError, load_trainer
 
+    quiet_logs(False)
+    ok, notes = _trainer_names()
+    if to != "jsonl" and to not in ok:
+        usable = ", ".join(["jsonl", *ok])
+        unusable = f"; not usable here: {'; '.join(notes)}" if notes else ""
+        raise fail(
+            f"--to {to}: no such trainer adapter is usable; choose one of {usable}{unusable}"
+        )
+    if mode is not None and mode not in ("merge", "per_call"):
+        raise fail(f"--mode must be merge or per_call, got {mode!r}")
+    check_output_free(out, force)
     try:
         rollouts = read_jsonl(src)
     except ValueError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(f"--in {src}: {exc}") from exc
     if to == "jsonl":
         n = write_jsonl(out, rollouts)
         console.print(f"wrote {n} rollouts to {out}")
         return
+    options: dict[str, Any] = {
+        "pad_token_id": pad_token_id,
+        "max_prompt_length": max_prompt_length,
+        "max_response_length": max_response_length,
+        "mode": mode,
+    }
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+        options["tokenizer"] = tok
+        if pad_token_id is None and to == "verl" and getattr(tok, "pad_token_id", None) is not None:
+            options["pad_token_id"] = int(tok.pad_token_id)
+    options = {k: v for k, v in options.items() if v is not None}
     try:
         adapter = load_trainer(to)
     except PluginError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     try:
-        path = adapter.export(rollouts, out)
+        path = export_options(adapter, rollouts, out, options)
+    except typer.Exit:
+        raise
     except Exception as exc:  # an adapter's own error: say which and why, no traceback
-        raise _fail(
-            f"the {to} adapter could not export {src}: {type(exc).__name__}: {exc}", 1
+        raise fail(
+            f"the {to} adapter could not export {src}: {type(exc).__name__}: {exc}", FAILED
         ) from exc
     console.print(f"exported {len(rollouts)} rollouts for {to} to {path}")
 
 
 def demo(
-    agent: str = typer.Option("openai", "--agent", help="openai | strands | langgraph"),
-    tasks: int = typer.Option(16, "--tasks", min=1, help="Wordle games (tasks)."),
-    group_size: int = typer.Option(4, "--group-size", min=1, help="Rollouts per game."),
+    agent: str = typer.Option(
+        "openai", "--agent", metavar="NAME", help="openai | strands | langgraph"
+    ),
+    tasks: int = typer.Option(16, "--tasks", min=1, metavar="N", help="Wordle games (tasks)."),
+    group_size: int = typer.Option(
+        4, "--group-size", min=1, metavar="N", help="Rollouts per game."
+    ),
     unsteered: bool = typer.Option(
         False, "--unsteered", help="Let the raw (random-weight) model sample."
     ),
-    out: Path = typer.Option(Path("rollwire-demo"), "--out", help="Output folder."),
-    concurrency: int = typer.Option(32, "--concurrency", min=1, help="Rollouts in flight at most."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the tasks, the solver and the engine."),
+    out: Path = typer.Option(Path("rollwire-demo"), "--out", metavar="DIR", help="Output folder."),
+    force: bool = typer.Option(
+        False, "--force", help="Overwrite the rollouts of an earlier demo in --out."
+    ),
+    concurrency: int = typer.Option(
+        32, "--concurrency", min=1, metavar="N", help="Rollouts in flight at most."
+    ),
+    seed: int = typer.Option(
+        0, "--seed", metavar="INT", help="Seed of the tasks, the solver and the engine."
+    ),
 ) -> None:
     """Wordle end to end on this machine: embedded engine, gateway, agent, and trainer exports."""
     from rollwire.cli.demo import DemoError, run_demo
 
-    _import_path()
+    quiet_logs(False)
+    import_path()
+    check_output_free(out / "rollouts.jsonl", force, "--out")
     mode = (
         "unsteered: the raw random-weight model samples"
         if unsteered
         else "steered by a scripted Wordle solver"
     )
     console.print(
-        f"[bold]rollwire demo[/bold]: Wordle, {tasks} tasks x {group_size} rollouts, agent [cyan]{agent}[/cyan], "
-        f"embedded engine {mode}"
+        f"[bold]rollwire demo[/bold]: Wordle, {tasks} tasks x {group_size} rollouts, agent "
+        f"[cyan]{agent}[/cyan], embedded engine {mode}, routed experts on"
     )
     try:
         result = run_demo(
@@ -238,27 +240,13 @@ def demo(
             seed=seed,
         )
     except DemoError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     s = result.summary()
-    table = Table(title="rollwire demo")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows: list[tuple[str, str]] = [
-        ("rollouts", f"{s['rollouts']} ({s['completed']} completed, {s['failed']} failed)"),
-        ("groups", str(s["groups"])),
-        ("solved", f"{s['solved']} / {s['rollouts']}"),
-        ("reward mean ± std", f"{_num(s['reward_mean'])} ± {_num(s['reward_std'])}"),
+    extra = [
         ("turns per rollout", f"{s['turns_per_rollout']:.2f}"),
-        ("rows per rollout", f"{s['rows_per_rollout']:.2f}"),
-        ("trainable tokens", str(s["trainable_tokens"])),
-        ("forks by class", ", ".join(f"{k}: {v}" for k, v in sorted(s["forks"].items())) or "none"),
-        ("model calls", str(s["calls"])),
-        ("calls/s", _num(s["calls_per_s"], 1)),
-        ("wall time", f"{s['wall_s']:.1f} s"),
+        ("calls/s", "n/a" if s["calls_per_s"] != s["calls_per_s"] else f"{s['calls_per_s']:.1f}"),
     ]
-    for k, v in rows:
-        table.add_row(k, v)
-    console.print(table)
+    console.print(summary_table(s, "rollwire demo", extra))
     console.print(f"rollouts: {result.rollouts_path}")
     for name, path in sorted(result.exports.items()):
         console.print(f"export for {name}: {path}")
@@ -268,16 +256,16 @@ def demo(
         console.print(escape(f"{name}: skipped — {why}"))
     if result.steered:
         console.print(
-            "[bold yellow]note:[/bold yellow] the embedded engine is a tiny random-weight model; every guess was "
-            "chosen by a scripted Wordle solver and teacher-forced, while the recorded log-probs are the model's "
-            "own. Run with --unsteered to see the raw model (it makes no valid guesses)."
+            "[bold yellow]note:[/bold yellow] the embedded engine is a tiny random-weight model; "
+            "every guess was chosen by a scripted Wordle solver and teacher-forced, while the "
+            "recorded log-probs and routed experts are the model's own. Run with --unsteered to "
+            "see the raw model (it makes no valid guesses). docs/real-run.md goes from here to "
+            "vLLM and a trainer."
         )
     else:
         console.print(
-            "[bold yellow]note:[/bold yellow] unsteered: the raw random-weight model sampled every token, so "
-            "rewards reflect a model that cannot play."
+            "[bold yellow]note:[/bold yellow] unsteered: the raw random-weight model sampled every "
+            "token, so rewards reflect a model that cannot play."
         )
-
-
-def _num(x: float, digits: int = 3) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x:.{digits}f}"
+    if result.export_errors:
+        raise typer.Exit(FAILED)

@@ -9,11 +9,8 @@ sample (expect no valid guesses and a reward of -1.5 everywhere).
 from __future__ import annotations
 
 import importlib
-import math
-import os
-import sys
+import re
 import time
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +23,24 @@ __all__ = ["AGENTS", "DemoError", "DemoResult", "load_demo_agent", "run_demo"]
 #: Demo agents by name: ``module:attr`` of a RolloutApp. Adding an agent is one line here.
 AGENTS: dict[str, str] = {
     "openai": "rollwire.envs.wordle.agent_openai:app",
-    "strands": "examples.wordle.agent_strands:app",
-    "langgraph": "examples.wordle.agent_langgraph:app",
+    "strands": "rollwire.envs.wordle.agent_strands:app",
+    "langgraph": "rollwire.envs.wordle.agent_langgraph:app",
 }
-_AGENT_EXTRAS = {"strands": "rollwire[strands]", "langgraph": "rollwire[langgraph]"}
 #: Sampling for every session: a cap on tokens keeps the unsteered (random) model quick.
 DEMO_SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": 48}
+#: What a trainer adapter's framework needs beyond ``pip install rollwire[NAME]``, by adapter.
+_FRAMEWORK_HINTS = {
+    "verl": (
+        "install them in a venv of their own, CPU torch first: pip install torch "
+        '--index-url https://download.pytorch.org/whl/cpu && pip install "rollwire[verl]" '
+        "(inside a uv project, `uv add`/`uv pip install` of torch pulls a multi-GB CUDA build)"
+    ),
+}
+_NOT_INSTALLED = re.compile(r"(\S+) is not installed")
 
 
 class DemoError(RuntimeError):
-    """The demo cannot run as asked (unknown agent, agent module missing)."""
+    """The demo cannot run as asked (unknown agent, its framework missing)."""
 
 
 @dataclass
@@ -55,54 +60,34 @@ class DemoResult:
     steered: bool = True
 
     def summary(self) -> dict[str, Any]:
-        """The numbers of the summary table."""
-        rollouts = [r for g in self.groups for r in g.rollouts]
-        rewards = [r.reward for r in rollouts if r.reward is not None]
-        n = max(1, len(rollouts))
-        mean = sum(rewards) / len(rewards) if rewards else float("nan")
-        std = (
-            math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
-            if rewards
-            else float("nan")
-        )
-        calls = sum(len(r.calls) for r in rollouts)
-        forks = Counter(row.fork.kind for row in self.rows if row.fork is not None)
-        return {
-            "rollouts": len(rollouts),
-            "groups": len(self.groups),
-            "completed": sum(r.status == "completed" for r in rollouts),
-            "failed": sum(r.status != "completed" for r in rollouts),
-            "solved": sum(r.metrics.get("solved", 0.0) > 0 for r in rollouts),
-            "reward_mean": mean,
-            "reward_std": std,
-            "turns_per_rollout": calls / n,
-            "rows_per_rollout": len(self.rows) / n,
-            "trainable_tokens": int(sum(int(row.loss_mask.sum()) for row in self.rows)),
-            "forks": dict(forks),
-            "calls": calls,
-            "calls_per_s": calls / self.rollout_s if self.rollout_s > 0 else float("nan"),
-            "wall_s": self.wall_s,
-        }
+        """The numbers of the summary table (:func:`rollwire.cli.summary.summarize`, plus turns
+        and calls per second)."""
+        from rollwire.cli.summary import summarize
+
+        s = summarize(self.groups, self.rows, self.wall_s)
+        n = max(1, s["rollouts"])
+        s["turns_per_rollout"] = s["calls"] / n
+        s["rows_per_rollout"] = s["rows"] / n
+        s["calls_per_s"] = s["calls"] / self.rollout_s if self.rollout_s > 0 else float("nan")
+        return s
 
 
 def load_demo_agent(name: str) -> Any:
     """The RolloutApp of demo agent ``name``; raises :class:`DemoError` saying what is missing."""
+    from rollwire.plugins import PluginError, load_agent
+
     target = AGENTS.get(name)
     if target is None:
         raise DemoError(f"unknown demo agent {name!r}; choose one of: {', '.join(sorted(AGENTS))}")
-    module, _, attr = target.partition(":")
-    if module.startswith("examples.") and Path("examples").is_dir() and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the examples live in the repository, not in the wheel
     try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        where = module.replace(".", "/") + ".py"
-        extra = _AGENT_EXTRAS.get(name)
-        hint = f' and install its framework with pip install "{extra}"' if extra else ""
+        load_agent(name)  # the framework and rollwire's adapter for it are installed
+    except PluginError as exc:
         raise DemoError(
-            f"the {name!r} demo agent could not be imported ({exc}); it lives in {where} of the "
-            f"rollwire repository: run `rollwire demo` from the repository root{hint}"
+            f"the {name!r} demo agent needs its framework and adapter: "
+            f'pip install "rollwire[{name}]" ({exc})'
         ) from exc
+    module, _, attr = target.partition(":")
+    mod = importlib.import_module(module)
     try:
         return getattr(mod, attr)
     except AttributeError as exc:
@@ -114,14 +99,28 @@ def _trainers() -> Iterable[tuple[str, str | None]]:
     from rollwire.plugins import discover
 
     for info in discover("trainers"):
-        if info.name.startswith("fixture-"):
-            continue
         if info.status == "ok":
             yield info.name, None
         elif info.status == "missing":
-            yield info.name, f"install rollwire[{info.name}]"
+            missing = _NOT_INSTALLED.findall(info.detail)
+            how = _FRAMEWORK_HINTS.get(info.name, f'pip install "rollwire[{info.name}]"')
+            yield info.name, f"needs {', '.join(missing) or 'its framework'}: {how}"
         else:
             yield info.name, info.detail or info.status
+
+
+def _export(adapter: Any, groups: list[Group], path: Path, options: dict[str, Any]) -> Path:
+    """``adapter.export`` with the engine's tokenizer and pad id, minus the options it does not
+    take (each adapter passes ``**options`` to its own converter)."""
+    options = dict(options)
+    while True:
+        try:
+            return Path(adapter.export(groups, path, **options))
+        except TypeError as exc:
+            rejected = [k for k in options if f"'{k}'" in str(exc)]
+            if not rejected:
+                raise
+            options.pop(rejected[0])
 
 
 def run_demo(
@@ -155,8 +154,9 @@ def run_demo(
     out_dir.mkdir(parents=True, exist_ok=True)
     solver = None if unsteered else WordleSolver(seed=seed)
     started = time.monotonic()
+    config = EngineConfig(scripted=solver, seed=seed, return_routed_experts=True)
     with (
-        EmbeddedEngine(EngineConfig(scripted=solver, seed=seed)) as engine,
+        EmbeddedEngine(config) as engine,
         serve_in_thread(backends=[(engine.url, "vllm")]) as gateway,
     ):
         client = RolloutClient(
@@ -171,6 +171,8 @@ def run_demo(
         groups = client.run(make_tasks(tasks, "train", seed=seed))
         wall = time.monotonic() - started
         rows = build_rows(groups, tokenizer=engine.tokenizer)
+        tokenizer = engine.tokenizer
+    export_options = {"tokenizer": tokenizer, "pad_token_id": tokenizer.pad_id}
     rollouts_path = out_dir / "rollouts.jsonl"
     write_jsonl(rollouts_path, groups)
     result = DemoResult(
@@ -190,7 +192,8 @@ def run_demo(
             try:
                 adapter = load_trainer(name)
                 suffix = getattr(adapter, "export_suffix", ".jsonl")
-                result.exports[name] = adapter.export(groups, out_dir / f"{name}{suffix}")
+                path = out_dir / f"{name}{suffix}"
+                result.exports[name] = _export(adapter, groups, path, export_options)
             except Exception as exc:  # one broken adapter must not hide the others' exports
                 result.export_errors[name] = f"{type(exc).__name__}: {exc}"
     return result

@@ -351,6 +351,7 @@ def doctor_command(
         None,
         "--tokenizer",
         "-t",
+        metavar="DIR",
         help="Hugging Face tokenizer folder to check (default: the embedded engine's).",
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import typer
 
+from rollwire.cli.checks import bind_port
+
 __all__ = ["engine_app"]
 
 engine_app = typer.Typer(
+    rich_markup_mode=None,
     name="engine",
     help="The embedded engine: a tiny random-weight model with vLLM/SGLang-compatible HTTP APIs (CPU only).",
     no_args_is_help=False,
@@ -66,41 +69,56 @@ def _serve(
         ),
     )
     app = create_app(config)
+    sock = bind_port(host, port, "rollwire engine")
     typer.echo(
         f"rollwire engine: serving {config.model_name} on http://{host}:{port} (OpenAI base /v1)"
     )
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
+    )
+    server.run(sockets=[sock])
 
 
-_HOST = typer.Option("127.0.0.1", help="Interface to bind.")
-_PORT = typer.Option(8000, help="TCP port.")
+_HOST = typer.Option("127.0.0.1", metavar="HOST", help="Interface to bind.")
+_PORT = typer.Option(8000, metavar="PORT", help="TCP port (vLLM's default).")
 _MODEL_DIR = typer.Option(
-    None, help="Folder written by `rollwire engine save-model` (default: seeded model)."
+    None,
+    metavar="DIR",
+    help="Folder written by `rollwire engine save-model` (default: seeded model).",
 )
-_SEED = typer.Option(0, help="Weight seed of the default model.")
+_SEED = typer.Option(0, metavar="INT", help="Weight seed of the default model.")
 _MODE = typer.Option(
-    "raw", help="Log-probs: raw (vLLM default) or processed (temperature-scaled, SGLang default)."
+    "raw",
+    metavar="MODE",
+    help="Log-probs: raw (vLLM default) or processed (temperature-scaled, SGLang default).",
 )
 _EXPERTS = typer.Option(
     False,
     help="Return routed experts on every response (like vLLM's --enable-return-routed-experts).",
 )
 _SCRIPTED = typer.Option(
-    None, help="Script file (JSON/YAML) or module:function forcing the assistant text."
+    None,
+    metavar="FILE|MODULE:FN",
+    help="Script file (JSON/YAML) or module:function forcing the assistant text.",
 )
-_VERSION = typer.Option("0", help="Initial weight version.")
-_ERR = typer.Option(0.0, help="Probability of an injected 500 per generation request.")
-_THROTTLE = typer.Option(0.0, help="Probability of an injected 429 (with Retry-After).")
-_LATENCY = typer.Option(0.0, help="Latency added to every generation request, in ms.")
-_TRUNC = typer.Option(0.0, help="Probability that a stream is cut before [DONE].")
+_VERSION = typer.Option("0", metavar="VERSION", help="Initial weight version.")
+_ERR = typer.Option(0.0, metavar="P", help="Probability of an injected 500 per generation request.")
+_THROTTLE = typer.Option(
+    0.0, metavar="P", help="Probability of an injected 429 (with Retry-After)."
+)
+_LATENCY = typer.Option(0.0, metavar="MS", help="Latency added to every generation request, in ms.")
+_TRUNC = typer.Option(0.0, metavar="P", help="Probability that a stream is cut before [DONE].")
 _DROP = typer.Option(
-    0.0, help="Probability that token_ids/prompt_token_ids are missing from a response."
+    0.0,
+    metavar="P",
+    help="Probability that token_ids/prompt_token_ids are missing from a response.",
 )
-_FSEED = typer.Option(0, help="Seed of the fault draws.")
-_LOG = typer.Option("warning", help="uvicorn log level.")
+_FSEED = typer.Option(0, metavar="INT", help="Seed of the fault draws.")
+_LOG = typer.Option("warning", metavar="LEVEL", help="uvicorn log level.")
 _NAMES = typer.Option(
     None,
     "--served-model-name",
+    metavar="NAME",
     help="Model name served by /v1/models (repeatable; default rollwire-tiny).",
 )
 _STRICT = typer.Option(
@@ -112,6 +130,7 @@ _STRICT = typer.Option(
 _IDS_STYLE = typer.Option(
     "vllm",
     "--openai-ids-style",
+    metavar="STYLE",
     help="Token ids on the OpenAI routes: vllm (return_token_ids: prompt_token_ids, token_ids) "
     "or sglang (chat choices carry prompt_token_ids/response_token_ids; streams use "
     "return_output_ids_in_sglext).",

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sqlite3
 
 import typer
+
+from rollwire.cli.checks import bind_port, check_store, parse_backend, probe_backend, url_problem
+from rollwire.cli.errors import fail
 
 __all__ = ["gateway_app"]
 
 gateway_app = typer.Typer(
+    rich_markup_mode=None,
     name="gateway",
     help="Run the rollwire gateway: an OpenAI-compatible proxy that captures every model call.",
     invoke_without_command=True,
@@ -17,23 +22,32 @@ gateway_app = typer.Typer(
 )
 
 
+#: 8000 is vLLM's (and the embedded engine's) default; the gateway sits in front of it
+DEFAULT_PORT = 9000
+
+
 @gateway_app.callback()
 def serve(
     ctx: typer.Context,
-    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
-    port: int = typer.Option(8000, help="Port to bind."),
+    host: str = typer.Option("127.0.0.1", metavar="HOST", help="Interface to bind."),
+    port: int = typer.Option(DEFAULT_PORT, metavar="PORT", help="Port to bind."),
     backend: list[str] = typer.Option(
         [],
         "--backend",
         "-b",
-        help="Inference server as URL[=vllm|sglang|openai] (repeatable; default kind vllm).",
+        metavar="URL[=KIND]",
+        help="Inference server, KIND vllm (default), sglang or openai. Repeatable.",
     ),
     store: str = typer.Option(
         "sqlite:rollwire-gateway.sqlite",
+        metavar="URL",
         help="Where calls are stored: sqlite:PATH or sqlite::memory:.",
     ),
     admin_key: str | None = typer.Option(
-        None, envvar="ROLLWIRE_ADMIN_KEY", help="Key for /api (generated and printed if unset)."
+        None,
+        metavar="KEY",
+        envvar="ROLLWIRE_ADMIN_KEY",
+        help="Key for /api (generated and printed if unset).",
     ),
     open_mode: bool = typer.Option(
         False,
@@ -42,16 +56,23 @@ def serve(
     ),
     secret: str | None = typer.Option(
         None,
+        metavar="SECRET",
         envvar="ROLLWIRE_GATEWAY_SECRET",
         help="HMAC secret for session tokens (set it to keep tokens valid across restarts).",
     ),
     public_url: str | None = typer.Option(
-        None, help="URL agents use to reach this gateway (for base_url in new sessions)."
+        None, metavar="URL", help="URL agents use to reach this gateway (base_url of sessions)."
     ),
-    max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Largest accepted request body."),
-    upstream_timeout: float = typer.Option(600.0, help="Seconds to wait for a backend's answer."),
-    health_interval: float = typer.Option(5.0, help="Seconds between backend health checks."),
-    log_level: str = typer.Option("warning", help="uvicorn / rollwire log level."),
+    max_body_bytes: int = typer.Option(
+        8 * 1024 * 1024, metavar="BYTES", help="Largest accepted request body."
+    ),
+    upstream_timeout: float = typer.Option(
+        600.0, metavar="SECONDS", help="Seconds to wait for a backend's answer."
+    ),
+    health_interval: float = typer.Option(
+        5.0, metavar="SECONDS", help="Seconds between backend health checks."
+    ),
+    log_level: str = typer.Option("warning", metavar="LEVEL", help="uvicorn / rollwire log level."),
 ) -> None:
     """Serve the gateway until interrupted."""
     if ctx.invoked_subcommand is not None:
@@ -59,27 +80,18 @@ def serve(
     import uvicorn
 
     from rollwire.gateway.app import Gateway
-    from rollwire.gateway.config import BackendSpec, GatewayConfig
+    from rollwire.gateway.config import GatewayConfig
 
+    specs = [parse_backend(b) for b in backend]
+    check_store(store)
+    if public_url is not None and url_problem(public_url) is not None:
+        raise fail(f"--public-url {public_url} is not a URL ({url_problem(public_url)})")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if admin_key is None and not open_mode:
-        admin_key = secrets.token_urlsafe(24)
-        typer.echo(f"admin key (generated): {admin_key}", err=True)
-    if open_mode:
-        typer.secho(
-            "WARNING: --open accepts ANY session id as a token. Local development only.",
-            fg=typer.colors.RED,
-            err=True,
-            bold=True,
-        )
-    try:
-        specs = [BackendSpec.parse(b) for b in backend]
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--backend") from exc
+    generated = admin_key is None and not open_mode
     cfg = GatewayConfig(
         backends=specs,
         store=store,
-        admin_key=admin_key,
+        admin_key=secrets.token_urlsafe(24) if generated else admin_key,
         open=open_mode,
         secret=secret,
         public_url=public_url or f"http://{host}:{port}",
@@ -88,7 +100,28 @@ def serve(
         health_interval=health_interval,
         tune_gc=True,
     )
-    gateway = Gateway(cfg)
+    try:
+        gateway = Gateway(cfg)
+    except (ValueError, OSError, sqlite3.Error) as exc:
+        raise fail(f"--store {store}: {exc}") from exc
+    sock = bind_port(host, port, "rollwire gateway")
+    for spec in specs:
+        problem = probe_backend(spec)
+        if problem is not None:
+            typer.echo(
+                f"warning: backend {spec.url} ({spec.kind}) does not answer yet ({problem}); "
+                "calls routed to it fail until it does",
+                err=True,
+            )
+    if generated:
+        typer.echo(f"admin key (generated): {cfg.admin_key}", err=True)
+    if open_mode:
+        typer.secho(
+            "WARNING: --open accepts ANY session id as a token. Local development only.",
+            fg=typer.colors.RED,
+            err=True,
+            bold=True,
+        )
     try:
         import uvloop  # noqa: F401
 
@@ -100,7 +133,7 @@ def serve(
         f"{', '.join(f'{s.url} ({s.kind})' for s in specs) or 'no backends yet'}; store {store}",
         err=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         gateway,
         host=host,
         port=port,
@@ -111,6 +144,7 @@ def serve(
         proxy_headers=False,  # the gateway never reads the client address: skip that middleware
         log_level=log_level,
     )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def main() -> None:

@@ -47,7 +47,9 @@ class TrainerAdapter(Protocol):
 
     # An adapter may also set ``extra`` (the rollwire extra that installs its framework, when it
     # is not the plugin's name) and ``export_suffix`` (e.g. ``".dataproto.pkl"``): the file suffix
-    # ``rollwire demo`` gives its export; ``.jsonl`` when absent.
+    # ``rollwire demo`` gives its export; ``.jsonl`` when absent. An adapter with empty
+    # ``requires`` may set ``framework`` (the trainer's distribution name, e.g. ``"slime"``): when
+    # it is not installed, ``rollwire plugins`` reports the adapter "export only".
 
     def convert(self, batch: Batch, **options: Any) -> Any:
         """The trainer's native batch (or its documented dict form when the trainer is absent)."""

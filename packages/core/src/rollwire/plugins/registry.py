@@ -51,6 +51,9 @@ class PluginInfo:
     version: str
     status: Literal["ok", "missing", "incompatible", "disabled", "error"]
     detail: str = ""
+    #: an ``ok`` trainer adapter whose framework (its ``framework`` attribute) is not installed:
+    #: it converts to the framework's documented dict form and writes it, nothing more
+    export_only: bool = False
 
 
 def _disabled() -> set[str]:
@@ -131,6 +134,13 @@ def _inspect(kind: PluginKind, ep: metadata.EntryPoint) -> tuple[PluginInfo, Any
         extra = getattr(obj, "extra", None) or ep.name
         hint = f'; install it with: pip install "rollwire[{extra}]"'
         return PluginInfo(ep.name, kind, dist, version, "missing", "; ".join(missing) + hint), obj
+    framework = getattr(obj, "framework", None)
+    if isinstance(framework, str) and check_requirements([framework]):
+        detail = (
+            f"export only: {framework} is not installed, so batches are written in its "
+            f"documented dict form (JSONL); install {framework} to convert in-process"
+        )
+        return PluginInfo(ep.name, kind, dist, version, "ok", detail, export_only=True), obj
     return PluginInfo(ep.name, kind, dist, version, "ok"), obj
 
 

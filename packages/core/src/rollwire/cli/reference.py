@@ -1,0 +1,208 @@
+"""``docs/cli.md``: every command, flag and ``ROLLWIRE_*`` environment variable, generated from
+the typer app so the page cannot drift from the code.
+
+``python -m rollwire.cli.reference -o docs/cli.md`` writes it; ``--check docs/cli.md`` exits 1
+with a diff when the page is stale (CI runs that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENVIRONMENT", "main", "render"]
+
+#: Environment variables read outside the CLI's own flags: ``(name, read by, meaning)``. Flags
+#: with an ``envvar`` are listed from the app itself.
+ENVIRONMENT: list[tuple[str, str, str]] = [
+    (
+        "ROLLWIRE_DISABLED_PLUGINS",
+        "plugin registry",
+        "Comma-separated plugin names to turn off (`rollwire plugins` shows them `disabled`).",
+    ),
+    (
+        "ROLLWIRE_TOKENIZER",
+        "gateway, tokens mode",
+        "Hugging Face tokenizer folder for `capture=tokens` when the session names none.",
+    ),
+    ("ROLLWIRE_GATEWAY_URL", "verl agent loop, slime hooks", "URL of a running gateway."),
+    ("ROLLWIRE_ADMIN_KEY", "verl agent loop, slime hooks", "Admin key of that gateway."),
+    (
+        "ROLLWIRE_BACKENDS",
+        "verl agent loop",
+        "Inference servers of an embedded gateway, `URL[=KIND]` comma-separated.",
+    ),
+    ("ROLLWIRE_BACKEND_KIND", "verl agent loop", "Kind of those servers: vllm, sglang or openai."),
+    ("ROLLWIRE_AGENT", "verl agent loop, slime hooks", "The agent as `module:app` (local runner)."),
+    (
+        "ROLLWIRE_RUNNER",
+        "verl agent loop, slime hooks",
+        "`local`, `http:URL[,URL]`, `ray[:ADDRESS]` or `agentcore:ARN`.",
+    ),
+    ("ROLLWIRE_MODE", "verl agent loop, slime hooks", "Trajectory mode: `merge` or `per_call`."),
+    (
+        "ROLLWIRE_CAPTURE",
+        "verl agent loop, slime hooks",
+        "`passthrough` (verl's default) or `tokens` (slime's default).",
+    ),
+    ("ROLLWIRE_MODEL", "verl agent loop", "Model name the agent is told to use."),
+    ("ROLLWIRE_DEADLINE", "verl agent loop, slime hooks", "Seconds per rollout (default 600)."),
+    (
+        "ROLLWIRE_DEADLINE_GRACE",
+        "verl agent loop",
+        "Seconds past the deadline before the client gives up (default 15).",
+    ),
+    (
+        "ROLLWIRE_ON_FAILURE",
+        "verl agent loop",
+        "What a failed rollout becomes in the batch (default `zero`).",
+    ),
+    (
+        "ROLLWIRE_FAILURE_REWARD",
+        "verl agent loop, slime hooks",
+        "Reward of a failed rollout (default 0).",
+    ),
+    ("ROLLWIRE_MULTI_ROW", "verl agent loop", "How a forked rollout's rows are returned (`list`)."),
+    (
+        "ROLLWIRE_REWARD_EXTRA_KEYS",
+        "verl agent loop",
+        "Rollout metrics copied into verl's `reward_extra_info`.",
+    ),
+    ("ROLLWIRE_CONCURRENCY", "slime hooks", "Rollouts in flight at most (default 256)."),
+    ("ROLLWIRE_COMPACT", "slime hooks", "Compact sample nesting (default true)."),
+    (
+        "ROLLWIRE_GATEWAY_OPTIONS",
+        "slime hooks",
+        "JSON object of GatewayConfig fields for the embedded gateway.",
+    ),
+    (
+        "ROLLWIRE_VERL_VENV",
+        "packages/adapter-verl/ci/*.sh",
+        "Where the verl test venv lives (default `.venv-verl`).",
+    ),
+    (
+        "ROLLWIRE_TORCH_VERSION",
+        "packages/adapter-verl/ci/setup-venv.sh",
+        "CPU torch version of that venv (default 2.13.0).",
+    ),
+]
+
+
+def _walk(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    yield path, command
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        yield from _walk(sub, (*path, name))
+
+
+def _cell(text: object) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _default(param: Any) -> str:
+    default = param.default
+    if param.is_flag and getattr(param, "secondary_opts", None):
+        return f"`{param.opts[0] if default else param.secondary_opts[0]}`"
+    if default is None or default == () or default == [] or param.is_flag and not default:
+        return ""
+    if callable(default):
+        return ""
+    return f"`{default}`"
+
+
+def _option_row(param: Any) -> str:
+    flags = " / ".join(f"`{o}`" for o in [*param.opts, *getattr(param, "secondary_opts", [])])
+    metavar = "" if param.is_flag else f" `{param.metavar or param.name.upper()}`"
+    envvar = f"`{param.envvar}`" if isinstance(param.envvar, str) else ""
+    required = " (required)" if param.required else ""
+    return (
+        f"| {flags}{metavar} | {_default(param)} | {envvar} | {_cell(param.help or '')}{required} |"
+    )
+
+
+def render(app: Any = None) -> str:
+    """The reference page for ``app`` (the ``rollwire`` typer app by default), as Markdown."""
+    import typer
+
+    if app is None:
+        from rollwire.cli.app import app
+    root = typer.main.get_command(app)
+    out = [
+        "# rollwire CLI reference",
+        "",
+        "Generated from the typer app by `python -m rollwire.cli.reference -o docs/cli.md`; CI",
+        "fails when this page and the code disagree. Exit codes: 0 the job was done, 1 it ran",
+        "and failed (a run with failed rollouts, an export the adapter refused), 2 it could not",
+        "start as asked (a bad flag, an unreachable URL, a busy port, an existing output without",
+        "`--force`). Every expected error is one `error:` line on stderr.",
+        "",
+    ]
+    envvars: list[tuple[str, str, str]] = []
+    for path, command in _walk(root, ("rollwire",)):
+        name = " ".join(path)
+        out += [f"## `{name}`", "", _cell(command.help or "").strip(), ""]
+        arguments = [p for p in command.params if p.param_type_name == "argument"]
+        options = [p for p in command.params if p.param_type_name == "option" and p.name != "help"]
+        if arguments:
+            usage = " ".join(a.name.upper() for a in arguments)
+            out += [f"Arguments: `{usage}`", ""]
+        if options:
+            out += ["| option | default | env | meaning |", "|---|---|---|---|"]
+            out += [_option_row(p) for p in options]
+            out.append("")
+        for p in options:
+            if isinstance(p.envvar, str):
+                envvars.append((p.envvar, f"`{name} {p.opts[0]}`", _cell(p.help or "")))
+        if getattr(command, "commands", None):
+            subs = ", ".join(f"`{s}`" for s in sorted(command.commands))
+            out += [f"Subcommands: {subs}.", ""]
+    out += [
+        "## Environment variables",
+        "",
+        "| variable | read by | meaning |",
+        "|---|---|---|",
+    ]
+    seen: dict[str, tuple[str, str]] = {}
+    for var, who, what in [*envvars, *ENVIRONMENT]:
+        if var in seen:
+            seen[var] = (f"{seen[var][0]}, {who}", seen[var][1])
+        else:
+            seen[var] = (who, what)
+    out += [f"| `{var}` | {who} | {what} |" for var, (who, what) in sorted(seen.items())]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the page (``-o PATH``), check it (``--check PATH``), or print it."""
+    parser = argparse.ArgumentParser(prog="python -m rollwire.cli.reference")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-o", "--output", type=Path, help="write the page here")
+    group.add_argument("--check", type=Path, help="exit 1 with a diff when PATH is stale")
+    args = parser.parse_args(argv)
+    page = render()
+    if args.output is not None:
+        args.output.write_text(page)
+        return 0
+    if args.check is not None:
+        current = args.check.read_text() if args.check.exists() else ""
+        if current == page:
+            return 0
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                current.splitlines(keepends=True),
+                page.splitlines(keepends=True),
+                str(args.check),
+                "generated",
+            )
+        )
+        print(f"\n{args.check} is stale: run python -m rollwire.cli.reference -o {args.check}")
+        return 1
+    sys.stdout.write(page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
