@@ -21,7 +21,7 @@ python3 -m venv "$venv"
 cd "$empty"
 "$venv/bin/rollwire" --version
 # The Strands agent ships inside the installed packages: no repository, no examples/ folder here.
-"$venv/bin/rollwire" demo --agent strands --tasks 2 --group-size 2 --out demo | tail -n 12 | tee demo.txt
+"$venv/bin/rollwire" demo --agent strands --tasks 2 --group-size 2 --out demo | tee demo.txt | tail -n 14
 test -s demo/rollouts.jsonl
 grep -E "calls with routed experts +│ +([0-9]+) / \1 " demo.txt >/dev/null \
   || { echo "the demo's calls should all carry routed experts"; exit 1; }

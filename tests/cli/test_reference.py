@@ -41,3 +41,10 @@ def test_every_environment_variable_in_the_code_is_documented() -> None:
     assert len(named) > 15
     missing = sorted(v for v in named if f"`{v}`" not in page)
     assert not missing, f"document these in rollwire.cli.reference.ENVIRONMENT: {missing}"
+
+
+def test_the_readme_demo_summary_shows_routed_experts() -> None:
+    readme = (REPO / "README.md").read_text()
+    found = re.search(r"calls with routed experts\s+│\s+(\d+) / (\d+)", readme)
+    assert found is not None, "the README's demo summary lost its routed-experts line"
+    assert found.group(1) == found.group(2) != "0"

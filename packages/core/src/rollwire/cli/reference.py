@@ -80,6 +80,21 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "JSON object of GatewayConfig fields for the embedded gateway.",
     ),
     (
+        "ROLLWIRE_REDIS_SERVER",
+        "rollwire.testing (Redis store tests)",
+        "Path of `redis-server` (default: the one on PATH).",
+    ),
+    (
+        "ROLLWIRE_REQUIRE_REDIS",
+        "rollwire.testing (Redis store tests)",
+        "`1` (CI): a missing `redis-server` is an error, not a skipped suite.",
+    ),
+    (
+        "ROLLWIRE_CHROMIUM",
+        "rollwire.testing (browser tests)",
+        "Path of the chromium the dashboard's browser test drives (default: the system one).",
+    ),
+    (
         "ROLLWIRE_VERL_VENV",
         "packages/adapter-verl/ci/*.sh",
         "Where the verl test venv lives (default `.venv-verl`).",
@@ -106,7 +121,7 @@ def _default(param: Any) -> str:
     default = param.default
     if param.is_flag and getattr(param, "secondary_opts", None):
         return f"`{param.opts[0] if default else param.secondary_opts[0]}`"
-    if default is None or default == () or default == [] or param.is_flag and not default:
+    if default is None or default == () or default == [] or (param.is_flag and not default):
         return ""
     if callable(default):
         return ""
