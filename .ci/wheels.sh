@@ -23,8 +23,8 @@ cd "$empty"
 # The Strands agent ships inside the installed packages: no repository, no examples/ folder here.
 "$venv/bin/rollwire" demo --agent strands --tasks 2 --group-size 2 --out demo | tee demo.txt | tail -n 14
 test -s demo/rollouts.jsonl
-grep -E "calls with routed experts +│ +([0-9]+) / \1 " demo.txt >/dev/null \
-  || { echo "the demo's calls should all carry routed experts"; exit 1; }
+grep -E "rollouts +│ +4 in 2 groups \(completed 4\)" demo.txt >/dev/null \
+  || { echo "every strands demo rollout should complete"; exit 1; }
 
 "$venv/bin/pip" install -q --find-links "$dist" "rollwire[langgraph,slime,rllm]"
 # `rollwire[verl]` brings verl + torch: install the adapter alone here (its framework check then
@@ -42,6 +42,9 @@ assert not wrong, f"plugin states (got, want): {wrong}"
 assert not any(k.startswith("fixture-") for k in state), state
 print("plugins:", state)
 EOF
-"$venv/bin/rollwire" demo --tasks 2 --group-size 2 --out demo-openai | tail -n 3
+"$venv/bin/rollwire" demo --tasks 2 --group-size 2 --out demo-openai > demo-openai.txt
 test -s demo-openai/rollouts.jsonl
+grep -E "calls with routed experts +│ +([0-9]+) / \1 " demo-openai.txt >/dev/null \
+  || { cat demo-openai.txt; echo "the demo's calls should all carry routed experts"; exit 1; }
+grep -E "export for (slime|rllm)" demo-openai.txt
 echo "wheels OK"

@@ -219,9 +219,9 @@ def test_export_options_the_adapter_does_not_take(
     cli: CLI, error_line: CLI, rollouts: Path, tmp_path: Path
 ) -> None:
     args = ["export", "--in", str(rollouts), "--to", "slime", "--out", "s.jsonl"]
-    proc = cli(*args, "--pad-token-id", "5", cwd=tmp_path)
+    proc = cli(*args, "--max-prompt-length", "512", cwd=tmp_path)  # verl's option
     assert proc.returncode == 2
-    assert "the slime adapter takes no --pad-token-id" in error_line(proc)
+    assert "the slime adapter takes no --max-prompt-length" in error_line(proc)
     assert not (tmp_path / "s.jsonl").exists()
 
 
@@ -249,3 +249,19 @@ def _leaves(node: object) -> Iterator[dict[str, object]]:
     elif isinstance(node, (list, dict)):
         for child in node.values() if isinstance(node, dict) else node:
             yield from _leaves(child)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scripted", "/no/such/script.yaml"], "script '/no/such/script.yaml' is neither"),
+        (["--model-dir", "/no/such/model"], "/no/such/model has no config.json"),
+    ],
+)
+def test_engine_flags_are_checked_at_start(
+    cli: CLI, error_line: CLI, free_port: CLI, args: list[str], message: str, tmp_path: Path
+) -> None:
+    proc = cli("engine", "--port", str(free_port()), *args, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert message in error_line(proc)
+    assert "serving" not in proc.stdout

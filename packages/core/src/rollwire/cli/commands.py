@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rollwire.cli.errors import FAILED, check_output_free, fail
+from rollwire.cli.errors import FAILED, check_output_free, fail, print_error
 from rollwire.cli.run import import_path, quiet_logs
 from rollwire.cli.summary import summary_table
 
@@ -66,16 +66,24 @@ def load_tokenizer(path: Path) -> Any:
         raise fail(f"--tokenizer {path}: cannot load it: {type(exc).__name__}: {exc}") from exc
 
 
-def export_options(adapter: Any, batch: Any, path: Path, options: dict[str, Any]) -> Path:
+def export_options(
+    adapter: Any, batch: Any, path: Path, options: dict[str, Any], implicit: tuple[str, ...] = ()
+) -> Path:
     """``adapter.export(batch, path, **options)``; an option the adapter does not take ends the
-    command naming its flag (adapters take ``**options`` and pass them on to their converter)."""
-    try:
-        return Path(adapter.export(batch, path, **options))
-    except TypeError as exc:
-        for key, flag in _EXPORT_FLAGS.items():
-            if key in options and f"'{key}'" in str(exc):
+    command naming its flag (adapters take ``**options`` and pass them on to their converter),
+    unless it is one of ``implicit`` (filled in from ``--tokenizer``): then it is left out."""
+    options = dict(options)
+    while True:
+        try:
+            return Path(adapter.export(batch, path, **options))
+        except TypeError as exc:
+            rejected = [k for k in options if f"'{k}'" in str(exc)]
+            if not rejected:
+                raise
+            if rejected[0] not in implicit:
+                flag = _EXPORT_FLAGS.get(rejected[0], rejected[0])
                 raise fail(f"the {adapter.name} adapter takes no {flag} ({exc})") from exc
-        raise
+            options.pop(rejected[0])
 
 
 def _trainer_names() -> tuple[list[str], list[str]]:
@@ -113,7 +121,7 @@ def export(
         None,
         "--pad-token-id",
         metavar="ID",
-        help="verl: the pad id (default: the tokenizer's, else 0).",
+        help="verl, slime: the pad id (default: the tokenizer's, else 0).",
     ),
     max_prompt_length: int = typer.Option(
         None,
@@ -171,18 +179,20 @@ def export(
         "max_response_length": max_response_length,
         "mode": mode,
     }
+    implicit: tuple[str, ...] = ()
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
         options["tokenizer"] = tok
-        if pad_token_id is None and to == "verl" and getattr(tok, "pad_token_id", None) is not None:
+        if pad_token_id is None and getattr(tok, "pad_token_id", None) is not None:
             options["pad_token_id"] = int(tok.pad_token_id)
+            implicit = ("pad_token_id",)
     options = {k: v for k, v in options.items() if v is not None}
     try:
         adapter = load_trainer(to)
     except PluginError as exc:
         raise fail(str(exc)) from exc
     try:
-        path = export_options(adapter, rollouts, out, options)
+        path = export_options(adapter, rollouts, out, options, implicit)
     except typer.Exit:
         raise
     except Exception as exc:  # an adapter's own error: say which and why, no traceback
@@ -254,6 +264,12 @@ def demo(
         console.print(f"[yellow]export for {name} failed:[/yellow] {escape(err)}")
     for name, why in sorted(result.export_skipped.items()):
         console.print(escape(f"{name}: skipped — {why}"))
+    if s["routed_calls"] < s["calls"] and s["streamed_calls"]:
+        console.print(
+            f"[bold yellow]note:[/bold yellow] {s['streamed_calls']} of {s['calls']} calls were "
+            "streamed by the agent's framework; the embedded engine returns routed experts on "
+            "non-streamed answers only, so those calls carry none."
+        )
     if result.steered:
         console.print(
             "[bold yellow]note:[/bold yellow] the embedded engine is a tiny random-weight model; "
@@ -267,5 +283,11 @@ def demo(
             "[bold yellow]note:[/bold yellow] unsteered: the raw random-weight model sampled every "
             "token, so rewards reflect a model that cannot play."
         )
-    if result.export_errors:
+    if s["failed"]:
+        print_error(
+            f"{s['failed']} of {s['rollouts']} demo rollouts did not complete "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(s['statuses'].items()))}); their errors are "
+            f"in {result.rollouts_path}"
+        )
+    if result.export_errors or s["failed"]:
         raise typer.Exit(FAILED)

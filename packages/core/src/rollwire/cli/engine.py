@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from rollwire.cli.checks import bind_port
+from rollwire.cli.errors import fail
 
 __all__ = ["engine_app"]
 
@@ -68,7 +69,10 @@ def _serve(
             seed=fault_seed,
         ),
     )
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except (ValueError, OSError, ImportError) as exc:
+        raise fail(f"cannot start the engine: {type(exc).__name__}: {exc}") from exc
     sock = bind_port(host, port, "rollwire engine")
     typer.echo(
         f"rollwire engine: serving {config.model_name} on http://{host}:{port} (OpenAI base /v1)"
@@ -76,7 +80,10 @@ def _serve(
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     )
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C / SIGINT after a clean shutdown, as uvicorn.run treats it
+        pass
 
 
 _HOST = typer.Option("127.0.0.1", metavar="HOST", help="Interface to bind.")

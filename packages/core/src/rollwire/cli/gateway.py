@@ -144,7 +144,10 @@ def serve(
         proxy_headers=False,  # the gateway never reads the client address: skip that middleware
         log_level=log_level,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C / SIGINT after a clean shutdown, as uvicorn.run treats it
+        pass
 
 
 def main() -> None:

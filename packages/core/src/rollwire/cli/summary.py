@@ -141,6 +141,7 @@ def summarize(
         "prompt_tokens": int(sum(len(c.prompt_ids) for c in calls)),
         "completion_tokens": int(sum(len(c.completion_ids) for c in calls)),
         "routed_calls": sum(c.routed_experts is not None for c in calls),
+        "streamed_calls": sum(bool(c.stream) for c in calls),
         "rows": len(rows),
         "trainable_tokens": int(sum(int(row.loss_mask.sum()) for row in rows)),
         "forks": dict(Counter(row.fork.kind for row in rows if row.fork is not None)),
