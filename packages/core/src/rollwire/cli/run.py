@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rollwire.cli.checks import parse_backend, probe_backend, probe_gateway
-from rollwire.cli.errors import FAILED, check_output_free, fail, print_error
+from rollwire.cli.errors import FAILED, check_output_free, fail
 from rollwire.cli.run_summary import METRICS_HELP, report_run
 from rollwire.cli.summary import failure_causes, rollouts_of, summarize, summary_table
 
