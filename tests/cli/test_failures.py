@@ -265,3 +265,30 @@ def test_engine_flags_are_checked_at_start(
     assert proc.returncode == 2
     assert message in error_line(proc)
     assert "serving" not in proc.stdout
+
+
+def test_a_gateway_backend_that_does_not_answer_yet_is_a_warning(
+    free_port: CLI, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    dead, port = f"http://127.0.0.1:{free_port()}", free_port()
+    rollwire = str(Path(sys.executable).with_name("rollwire"))
+    argv = [rollwire, "gateway", "--port", str(port), "--backend", dead, "--store", "sqlite::memory:"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # the announcement comes after the checks
+            lines.append(line)
+            if line.startswith("rollwire gateway on"):
+                break
+        text = "".join(lines)
+        assert f"warning: backend {dead} (vllm) does not answer yet" in text, text
+        assert proc.poll() is None  # it serves: vLLM may still be loading
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if proc.stderr is not None:
+            proc.stderr.close()

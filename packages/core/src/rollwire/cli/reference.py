@@ -72,6 +72,11 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "verl agent loop",
         "Rollout metrics copied into verl's `reward_extra_info`.",
     ),
+    (
+        "ROLLWIRE_ROUTED_EXPERTS_SHAPE",
+        "verl agent loop",
+        "`LAYERSxTOP_K` of the backend's routing (default: from verl's config when it replays).",
+    ),
     ("ROLLWIRE_CONCURRENCY", "slime hooks", "Rollouts in flight at most (default 256)."),
     ("ROLLWIRE_COMPACT", "slime hooks", "Compact sample nesting (default true)."),
     (
@@ -93,6 +98,16 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "ROLLWIRE_CHROMIUM",
         "rollwire.testing (browser tests)",
         "Path of the chromium the dashboard's browser test drives (default: the system one).",
+    ),
+    (
+        "ROLLWIRE_SESSION_TOKEN",
+        "coding-CLI agents (set by rollwire)",
+        "The session token rollwire hands a coding CLI it starts (Codex's `env_key`); not for you to set.",
+    ),
+    (
+        "ROLLWIRE_VLLM_SCRIPT",
+        "rollwire.testing.vllm_script (real-vLLM tests)",
+        "Script a vLLM server's answers the way `rollwire engine --scripted` does.",
     ),
     (
         "ROLLWIRE_VERL_VENV",
