@@ -133,7 +133,7 @@ def test_bad_tasks_files_say_which_line(cli: CLI, error_line: CLI, tmp_path: Pat
     bad.write_text('{"secret": "crane"}\n[1, 2]\n')
     proc = cli("run", "--agent", AGENT, "--tasks", str(bad), "--backend", "embedded", cwd=tmp_path)
     assert proc.returncode == 2
-    assert "tasks.jsonl:2: each line must be a JSON object" in error_line(proc)
+    assert "tasks.jsonl:2: a task must be a JSON object, got list" in error_line(proc)
 
 
 def test_a_remote_gateway_is_checked_before_the_run(
@@ -275,7 +275,16 @@ def test_a_gateway_backend_that_does_not_answer_yet_is_a_warning(
 
     dead, port = f"http://127.0.0.1:{free_port()}", free_port()
     rollwire = str(Path(sys.executable).with_name("rollwire"))
-    argv = [rollwire, "gateway", "--port", str(port), "--backend", dead, "--store", "sqlite::memory:"]
+    argv = [
+        rollwire,
+        "gateway",
+        "--port",
+        str(port),
+        "--backend",
+        dead,
+        "--store",
+        "sqlite::memory:",
+    ]
     proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
