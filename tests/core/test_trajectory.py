@@ -327,10 +327,10 @@ def test_fork_content_change_is_not_retokenized() -> None:
     assert fork.kind == "other"  # type: ignore[attr-defined]
 
 
-def test_fork_other_without_tokenizer() -> None:
+def test_fork_unknown_without_tokenizer() -> None:
     first = "<|im_start|>u:q"
     _, fork = _fork_of([(first, "<think>a</think>b"), (first + "b" + "u:n", "x")], tokenizer=None)
-    assert fork.kind == "other"  # type: ignore[attr-defined]
+    assert fork.kind == "unknown"  # type: ignore[attr-defined]
 
 
 def test_classify_fork_direct_other() -> None:

@@ -89,3 +89,31 @@ def test_a_call_without_routing_is_flagged_and_counted() -> None:
                 c.create_session(routed_experts="yes")
         metrics = httpx.get(gw.url + "/metrics").text
         assert "rollwire_routed_experts_missing_total 2" in metrics
+
+
+# -- issue 14, item 9: the trajectory endpoint classifies forks with the backend's tokenizer ------
+
+
+def _forked_session(gw: RunningGateway) -> list[Any]:
+    with gw.client() as c:
+        h = c.create_session()
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        oai.chat.completions.create(model="policy", messages=MSGS)
+        summary = [{"role": "system", "content": "summary: said hello"}, *MSGS]
+        oai.chat.completions.create(model="policy", messages=summary)
+        return c.trajectory(h.session_id)
+
+
+def test_trajectory_forks_are_classified_with_the_backends_tokenizer(
+    moe: tuple[EmbeddedEngine, RunningGateway],
+) -> None:
+    pytest.importorskip("transformers", reason="loading the tokenizer needs rollwire[tokens]")
+    _, gw = moe  # the engine names its tokenizer folder (/get_model_info tokenizer_path)
+    first, second = _forked_session(gw)
+    assert first.fork is None and second.fork is not None
+    assert second.fork.kind == "other"  # an edited history, told apart by the tokenizer
+
+
+def test_trajectory_forks_are_unknown_without_a_tokenizer(gateway: RunningGateway) -> None:
+    _, second = _forked_session(gateway)  # the null backend names no tokenizer folder
+    assert second.fork is not None and second.fork.kind == "unknown"

@@ -181,7 +181,7 @@ def test_without_tokenizer_roles_come_from_masks() -> None:
     page = render_html(build_report(chat_batch()))
     index, vocab, payloads = read_report_data(page)
     assert vocab == {} and index["tokenizer"] is False
-    assert index["summary"]["forks"] == {"other": 5}  # nothing can be told apart
+    assert index["summary"]["forks"] == {"unknown": 5}  # nothing can be told apart
     roles = "".join(row["roles"] for p in payloads for row in p["rows"])
     assert set(roles) <= {"P", "S", "C"} and "P" in roles
 

@@ -91,7 +91,7 @@ def test_forked_rollout_returns_a_list_with_reward_extra_info_on_the_final() -> 
     assert all(o.reward_score == -0.5 for o in outs)
     assert "reward_extra_info" not in outs[0].extra_fields
     assert outs[-1].extra_fields["reward_extra_info"] == {"turns": 3.0}
-    assert outs[1].extra_fields["fork"] == "other" and outs[1].extra_fields["row_index"] == 1
+    assert outs[1].extra_fields["fork"] == "unknown" and outs[1].extra_fields["row_index"] == 1
     for o in outs:
         _valid(o)
     (last,) = _outputs(forked_rollout(), multi_row="last", reward_extra_keys=["turns"])

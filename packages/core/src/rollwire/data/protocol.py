@@ -40,7 +40,7 @@ __all__ = [
 
 RolloutStatus = Literal["running", "completed", "failed", "timeout", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "timeout", "cancelled"})
-ForkKind = Literal["template", "retokenized", "think_stripped", "truncated", "other"]
+ForkKind = Literal["template", "retokenized", "think_stripped", "truncated", "other", "unknown"]
 CaptureMode = Literal["passthrough", "tokens"]
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)

@@ -61,10 +61,11 @@ def classify_fork(
     ``template`` (a special token differs at the divergence), ``retokenized`` (the text agrees, up
     to JSON spacing, but the ids do not), ``truncated`` (the end of the old row reappears after
     history was cut), ``think_stripped`` again when reasoning vanished along with other edits,
-    else ``other``. Without a tokenizer nothing can be told apart and the answer is ``other``.
+    else ``other``. Without a tokenizer nothing can be told apart and the answer is ``unknown``
+    (not ``other``, which says the history was edited).
     """
     if tokenizer is None:
-        return "other"
+        return "unknown"
     old_tail = old[position:]
     new_tail = new[position:]
     # Decode from a little before the divergence (identical in both) so that text-level

@@ -33,6 +33,7 @@ from rollwire.gateway.control_base import (
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.sampling import POLICIES, check_sampling
 from rollwire.gateway.security import TokenError
+from rollwire.gateway.tokens_runtime import rows_tokenizer
 from rollwire.store import CompletionConflict, SessionExists, SessionNotFound, SessionRecord
 
 __all__ = ["SessionRoutes"]
@@ -288,8 +289,16 @@ class SessionRoutes(ControlRoutes):
         mode = request.query_params.get("mode", "merge")
         if mode not in ("merge", "per_call"):
             raise GatewayError(400, f"mode must be 'merge' or 'per_call', got {mode!r}")
-        rollout = await self.rollout_of(request.path_params["session_id"])
-        rows = TrajectoryBuilder(mode).build(rollout)  # type: ignore[arg-type]
+        sid = request.path_params["session_id"]
+        rollout = await self.rollout_of(sid)
+        rec = await self.load(sid)
+        # the backend's tokenizer classifies forks; without one they read "unknown"
+        pool = self.gw.pool.backends
+        served = [pool[c.backend] for c in reversed(rollout.calls) if c.backend in pool]
+        backend = served[0] if served else next(iter(pool.values()), None)
+        tokenizer = await rows_tokenizer(self.gw, rec.metadata, backend)
+        builder = TrajectoryBuilder(mode, tokenizer)  # type: ignore[arg-type]
+        rows = await asyncio.to_thread(builder.build, rollout)
         return Response(
             b'{"rows":[' + b",".join(r.model_dump_json().encode() for r in rows) + b"]}",
             media_type="application/json",

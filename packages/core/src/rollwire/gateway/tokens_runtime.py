@@ -28,6 +28,7 @@ __all__ = [
     "check_session",
     "ctx_runtime",
     "kind_refusal",
+    "rows_tokenizer",
     "runtime_of",
     "tokenizer_source",
 ]
@@ -128,6 +129,31 @@ class TokensRuntime:
             )
         if status is not None:
             self._token_route_ok.add(backend.url)
+
+
+async def rows_tokenizer(
+    gateway: GatewayPort, metadata: Mapping[str, Any] | None, backend: Backend | None
+) -> ChatRenderer | None:
+    """The tokenizer a session's rows are built with (it classifies forks), or None.
+
+    The session's or the backend's tokenizer, as tokens mode finds it (:func:`tokenizer_source`),
+    loaded once per gateway. Only a local folder is loaded (a hub name is never downloaded here);
+    without one, rows are built without a tokenizer and forks read ``unknown``.
+    """
+    if backend is None:
+        return None
+    runtime = runtime_of(gateway)
+    try:
+        info = await runtime.describe(gateway.http, backend.url)
+        source = tokenizer_source(metadata, info, backend.url)
+    except (LookupError, RuntimeError):
+        return None
+    if source not in runtime._renderers and not await asyncio.to_thread(os.path.isdir, source):
+        return None
+    try:
+        return await runtime.renderer(source)
+    except (ValueError, OSError, MissingTokensExtra):
+        return None
 
 
 def runtime_of(gateway: GatewayPort | None) -> TokensRuntime:

@@ -30,6 +30,7 @@ FORK_ADVICE: dict[str, str] = {
     "truncated": "the agent cut or compacted its history: expected for sliding windows; each cut "
     "starts a new row",
     "other": "the history was edited: `rollwire doctor` shows where",
+    "unknown": "rows were built without the model's tokenizer, so the fork could not be classified",
 }
 
 
