@@ -127,3 +127,55 @@ def test_gen2_answers_a_start_envelope_with_its_invocation_state(
         answer = httpx.post(f"{server.url}/invocations", json=payload).json()
         recorder.wait_for("g2")
     assert answer == {"version": 1, "invocation_id": "inv1", "status": "in_progress"}
+
+
+def test_gen2_production_invocations_follow_the_start_get_protocol() -> None:
+    import threading
+
+    from rollwire.compat.agentcore_rl_toolkit import AgentCoreRuntimeApp
+
+    app = AgentCoreRuntimeApp()
+    release = threading.Event()
+
+    @app.entrypoint
+    def handler(payload: dict[str, Any], context: Any) -> dict[str, Any]:
+        if payload.get("wait"):
+            release.wait(10)
+        if payload.get("boom"):
+            raise ValueError("bad task")
+        return {"echo": payload["q"], "model": context.config.get("model_id")}
+
+    def call(body: dict[str, Any]) -> Any:
+        return httpx.post(f"{server.url}/invocations", json=body, timeout=20).json()
+
+    def envelope(op: str, iid: str, **kw: Any) -> dict[str, Any]:
+        return {"version": 1, "operation": op, "invocation_id": iid, **kw}
+
+    with ServerThread(app) as server:
+        assert call({"q": 1}) == {"echo": 1, "model": None}  # no envelope: as BedrockAgentCoreApp
+        done = call(
+            {"q": 2, "_config": {"model_id": "m"}, "_agentcore_runtime": envelope("start", "a1")}
+        )
+        assert done == {
+            "version": 1,
+            "invocation_id": "a1",
+            "status": "completed",
+            "result": {"echo": 2, "model": "m"},
+        }
+        started = call(
+            {"q": 3, "wait": True, "_agentcore_runtime": envelope("start", "b2", background=True)}
+        )
+        assert started["status"] == "in_progress"
+        assert call({"_agentcore_runtime": envelope("get", "b2")})["status"] == "in_progress"
+        release.set()
+        for _ in range(200):
+            state = call({"_agentcore_runtime": envelope("get", "b2")})
+            if state["status"] != "in_progress":
+                break
+            threading.Event().wait(0.02)
+        assert state["status"] == "completed" and state["result"]["echo"] == 3
+        failed = call({"q": 4, "boom": True, "_agentcore_runtime": envelope("start", "c3")})
+        assert failed["status"] == "completed" and failed["error"] == "bad task"
+        assert call({"_agentcore_runtime": envelope("get", "zz")})["status"] == "not_found"
+        again = call({"q": 9, "_agentcore_runtime": envelope("start", "a1")})  # not run twice
+        assert again["result"] == {"echo": 2, "model": "m"}

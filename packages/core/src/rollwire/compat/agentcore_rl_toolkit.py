@@ -18,9 +18,14 @@ reward unless ``list_reward="sum"`` or ``"mean"``.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 from rollwire.agent.app import InvocationContext, RolloutApp
 from rollwire.agent.context import PAYLOAD_KEY
@@ -45,6 +50,10 @@ class RewardFunction:
 
     def __call__(self, **kwargs: Any) -> float | list[float]:
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(**kwargs)")
+
+
+def _state(invocation_id: str, status: str) -> dict[str, Any]:
+    return {"version": 1, "invocation_id": invocation_id, "status": status}
 
 
 class AgentCoreRLApp(RolloutApp):
@@ -88,8 +97,9 @@ class RuntimeContext(InvocationContext):
 class AgentCoreRuntimeApp(RolloutApp):
     """gen-2 ``AgentCoreRuntimeApp``: ``@app.entrypoint`` handlers read ``_config``.
 
-    ``background`` and ``state_dir`` are accepted for the toolkit's signature; rollouts always run
-    in the background and their results go to the terminal record, not to files.
+    Rollouts always run in the background and their results go to the terminal record. Other
+    invocations follow the toolkit's start/get protocol (``background=True``: also without an
+    envelope), with their states kept in memory; ``state_dir`` is accepted and not used.
     """
 
     def __init__(
@@ -103,6 +113,9 @@ class AgentCoreRuntimeApp(RolloutApp):
         super().__init__(**kwargs)
         self.background = background
         self.list_reward: ListReward = list_reward
+        # production invocations under the start/get protocol (rollouts report to the gateway)
+        self._states: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._executions: set[asyncio.Task[None]] = set()
 
     def _config_of(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         given = payload.get(RUNTIME_CONFIG_KEY)
@@ -129,6 +142,62 @@ class AgentCoreRuntimeApp(RolloutApp):
     def read_result(self, result: Any) -> tuple[float, dict[str, float]]:
         """``{"reward": ...}`` (or the README's ``rewards``)."""
         return reward_of(result, keys=("reward", "rewards"), list_reward=self.list_reward)
+
+    @staticmethod
+    def _runtime_context(payload: Any, ctx: InvocationContext) -> RuntimeContext:
+        config = payload.get(RUNTIME_CONFIG_KEY) if isinstance(payload, Mapping) else None
+        return RuntimeContext(
+            session_id=ctx.session_id,
+            headers=ctx.headers,
+            request=ctx.request,
+            config=dict(config) if isinstance(config, Mapping) else {},
+        )
+
+    async def production_call(self, payload: Any, ctx: InvocationContext) -> Any:
+        """Outside a rollout, the toolkit's start/get protocol: ``start`` runs the handler (in
+        the background with ``background: true``) and answers its state; ``get`` answers the
+        state of an invocation started here (``not_found`` otherwise). Results live in memory."""
+        envelope = payload.get(RUNTIME_ENVELOPE_KEY) if isinstance(payload, Mapping) else None
+        if not isinstance(envelope, Mapping) and not self.background:
+            return await self._call_handler(
+                payload, self._runtime_context(payload, ctx), offload=True
+            )
+        if isinstance(envelope, Mapping):
+            operation = envelope.get("operation")
+            iid = str(envelope.get("invocation_id") or "")
+            background = bool(envelope.get("background", False))
+        else:
+            operation, iid, background = "start", uuid.uuid4().hex, True
+        if operation not in ("start", "get") or not iid:
+            return JSONResponse(
+                {
+                    "error": "_agentcore_runtime needs operation 'start' or 'get' and an invocation_id"
+                },
+                status_code=400,
+            )
+        known = self._states.get(iid)
+        if operation == "get" or known is not None:
+            return known or _state(iid, "not_found")
+        self._states[iid] = _state(iid, "in_progress")
+        while len(self._states) > 10_000:
+            self._states.popitem(last=False)
+        view = {k: v for k, v in payload.items() if k != RUNTIME_ENVELOPE_KEY}
+        run = asyncio.ensure_future(self._execute(iid, view, ctx))
+        self._executions.add(run)
+        run.add_done_callback(self._executions.discard)
+        if background:
+            return self._states[iid]
+        await asyncio.shield(run)
+        return self._states[iid]
+
+    async def _execute(self, iid: str, payload: dict[str, Any], ctx: InvocationContext) -> None:
+        hctx = self._runtime_context(payload, ctx)
+        done = _state(iid, "completed")
+        try:
+            done["result"] = await self._call_handler(payload, hctx, offload=True)
+        except Exception as exc:  # the toolkit's record of a failed invocation
+            done["error"] = str(exc)
+        self._states[iid] = done
 
     def rollout_answer(self, payload: Mapping[str, Any], ctx: InvocationContext) -> Any:
         """With a start envelope, the invocation's ``in_progress`` state; else ``accepted``."""
