@@ -56,7 +56,12 @@ class Proc:
     """A server subprocess that is up once constructed and always terminated by ``stop``."""
 
     def __init__(
-        self, name: str, argv: list[str], health: str, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        health: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
     ) -> None:
         self.name = name
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the process)
@@ -66,7 +71,7 @@ class Proc:
             argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
         try:
-            wait_http(health)
+            wait_http(health, timeout)
         except TimeoutError as exc:
             self.stop()
             raise RuntimeError(

@@ -642,10 +642,29 @@ def main() -> None:
         action="store_true",
         help="also run the main comparison when --big-db-gb or --rss-calls is given",
     )
+    ap.add_argument(
+        "--backend",
+        choices=["null", "vllm"],
+        default="null",
+        help="null: the instant null backend (default); vllm: real vLLM (CPU build) from "
+        "--vllm-python, direct vs through the gateway only (see benchmarks/_vllm.py)",
+    )
+    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.loadgen:
         loadgen_main(args.loadgen)
+        return
+    if args.backend == "vllm":
+        from _vllm import vllm_phase
+
+        with tempfile.TemporaryDirectory(prefix="rollwire-bench-vllm-") as tmpname:
+            vllm_procs: list[Proc] = []
+            try:
+                vllm_phase(args, Path(tmpname), vllm_procs)
+            finally:
+                for p in reversed(vllm_procs):
+                    p.stop()
         return
     levels = [int(x) for x in args.concurrency.split(",")]
     run_main = args.main or not (args.big_db_gb or args.rss_calls)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from rollwire.cli import engine as cli
-from rollwire.engine import ModelConfig, TinyModel
+from rollwire.engine import EmbeddedEngine, EngineConfig, ModelConfig, TinyModel
 from rollwire.engine.hf_export import mixtral_tensors, write_safetensors
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -58,3 +59,12 @@ def test_bad_format_is_refused(tmp_path: Path) -> None:
 def test_only_float32_is_written(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="only float32"):
         write_safetensors(tmp_path / "t.safetensors", {"w": np.zeros(3, np.float64)})
+
+
+def test_max_model_len_is_served(tmp_path: Path) -> None:
+    with EmbeddedEngine(EngineConfig(max_model_len=64)) as eng:
+        (card,) = httpx.get(eng.url + "/v1/models").json()["data"]
+        assert card["max_model_len"] == 64
+        body = {"model": "rollwire-tiny", "prompt": [5] * 60, "max_tokens": 10}
+        r = httpx.post(eng.url + "/v1/completions", json=body)
+        assert r.status_code == 400 and "max_model_len 64" in r.json()["error"]["message"]

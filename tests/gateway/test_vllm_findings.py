@@ -155,3 +155,22 @@ def test_policy_version_flags() -> None:
     assert resolve_policy_version("default", "w1") == ("w1", "weight_version_unreported")
     assert resolve_policy_version("w1", "w1") == ("w1", None)
     assert resolve_policy_version("w0", "w1") == ("w0", "policy_version_mismatch")
+
+
+def test_tokens_mode_caps_max_tokens_to_the_context() -> None:
+    from rollwire.engine import EmbeddedEngine, EngineConfig
+
+    with (
+        EmbeddedEngine(EngineConfig(max_model_len=96)) as eng,
+        serve_in_thread(backends=[(eng.url, "vllm")]) as gw,
+        gw.client() as c,
+    ):
+        h = c.create_session(capture="tokens", sampling={"max_tokens": 1000, "temperature": 0.0})
+        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        assert r.status_code == 200, r.text
+        (call,) = c.calls(h.session_id)
+        room = 96 - len(call.prompt_ids)
+        assert call.sampling["max_tokens"] == room and len(call.completion_ids) <= room
+        long = [{"role": "user", "content": "word " * 200}]
+        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": long})
+        assert r.status_code == 400 and "max_model_len 96" in r.text

@@ -59,6 +59,10 @@ def vllm(model_dir: Path, artifacts: Path) -> Iterator[VLLMServer]:
     )
     with server:
         print(f"\nvLLM started in {server.started_in_s:.1f} s")
+        # tokens-mode sessions load the tokenizer with transformers (which imports torch here):
+        # do it once now, so no test's first session waits on the import
+        import transformers  # noqa: F401
+
         yield server
 
 

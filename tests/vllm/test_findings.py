@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from rollwire.gateway import RunningGateway, serve_in_thread
+from rollwire.trainer.gateway_client import GatewayClient
 
 from ._server import VLLMServer
 from .conftest import NAME, TOOLS
@@ -24,7 +25,8 @@ def gateway(vllm: VLLMServer) -> Iterator[RunningGateway]:
 
 
 def test_weight_versions_follow_sync(gateway: RunningGateway, vllm: VLLMServer) -> None:
-    c = gateway.client()
+    # a first tokens session loads the tokenizer (transformers, torch) in the gateway: slow here
+    c = GatewayClient(gateway.url, gateway.admin_key, timeout=300)
     sampling = {"temperature": 0.0, "max_tokens": 4}
     tok = c.create_session(capture="tokens", sampling=sampling)
     pas = c.create_session(sampling=sampling)

@@ -38,6 +38,7 @@ def _serve(
     served_model_name: list[str] | None = None,
     strict_model_name: bool = True,
     openai_ids_style: str = "vllm",
+    max_model_len: int | None = None,
 ) -> None:
     import uvicorn
 
@@ -60,6 +61,7 @@ def _serve(
         served_model_names=served_model_name or ["rollwire-tiny"],
         strict_model_name=strict_model_name,
         openai_ids_style=openai_ids_style,  # type: ignore[arg-type]
+        max_model_len=max_model_len,
         faults=FaultConfig(
             error_rate=fault_error_rate,
             throttle_rate=fault_throttle_rate,
@@ -144,6 +146,14 @@ _IDS_STYLE = typer.Option(
 )
 
 
+_MAX_LEN = typer.Option(
+    None,
+    "--max-model-len",
+    help="Context length served, like vLLM's --max-model-len (default: the model's, 8192). "
+    "Unlike vLLM, a request without max_tokens stops at 512 tokens, not at the end of the context.",
+)
+
+
 @engine_app.callback(invoke_without_command=True)
 def main(
     ctx: typer.Context,
@@ -165,6 +175,7 @@ def main(
     served_model_name: list[str] | None = _NAMES,
     strict_model_name: bool = _STRICT,
     openai_ids_style: str = _IDS_STYLE,
+    max_model_len: int | None = _MAX_LEN,
 ) -> None:
     """Serve the engine (same as `rollwire engine serve`) when no subcommand is given."""
     if ctx.invoked_subcommand is None:
@@ -191,6 +202,7 @@ def serve(
     served_model_name: list[str] | None = _NAMES,
     strict_model_name: bool = _STRICT,
     openai_ids_style: str = _IDS_STYLE,
+    max_model_len: int | None = _MAX_LEN,
 ) -> None:
     """Serve the engine's HTTP APIs (vLLM OpenAI routes, /inference/v1/generate, SGLang /generate)."""
     _serve(**locals())

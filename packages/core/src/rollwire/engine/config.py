@@ -69,6 +69,9 @@ class EngineConfig:
     #: Used when a request names no ``max_tokens``; vLLM would use the whole context, which for a
     #: random model means thousands of tokens of noise per call.
     default_max_tokens: int = 512
+    #: The context served (vLLM's ``--max-model-len``; reported as ``max_model_len`` by
+    #: ``/v1/models`` and ``/tokenize``); None keeps the model's own (8192 for the default model).
+    max_model_len: int | None = None
     max_batch_size: int = 64
     max_top_logprobs: int = 20
     #: Prompt tokens per prefill chunk; decode steps of other requests run between chunks.
@@ -98,6 +101,8 @@ class EngineConfig:
             raise ValueError(
                 f"openai_ids_style must be 'vllm' or 'sglang', got {self.openai_ids_style!r}"
             )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len!r}")
         if self.logprobs_mode not in ("raw", "processed"):
             raise ValueError(
                 f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}"

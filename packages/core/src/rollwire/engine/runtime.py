@@ -40,6 +40,8 @@ class Engine:
             self.model = TinyModel(
                 replace(mc, seed=config.seed if config.model is None else mc.seed)
             )
+        if config.max_model_len is not None:  # vLLM's --max-model-len: the context served
+            self.model.config = replace(self.model.config, max_model_len=config.max_model_len)
         self.tokenizer: EngineTokenizer = self.model.tokenizer
         self.weight_version = config.weight_version
         self.scheduler = Scheduler(

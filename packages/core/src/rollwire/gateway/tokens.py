@@ -317,10 +317,31 @@ async def _plan(ctx: ChatContext, messages: list[dict[str, Any]]) -> _Plan:
         heal = await _heal(healer, messages, tools, kwargs)
     except Exception as exc:  # a template raising on these messages (jinja TemplateError...)
         raise _Refused(400, f"the chat template could not render these messages: {exc}") from exc
+    effective = _cap_to_context(effective, len(heal.prompt_ids), info.max_model_len)
     return _Plan(
         runtime, info, source, renderer, parser, tools, parse_tools, kwargs, healer, heal,
         effective, flags,
     )  # fmt: skip
+
+
+def _cap_to_context(
+    effective: dict[str, Any], prompt_len: int, context: int | None
+) -> dict[str, Any]:
+    """``max_tokens`` capped to what the backend's context leaves after the prompt. vLLM's token-in
+    route would otherwise generate to the end of the context (its OpenAI routes answer 400)."""
+    if context is None:
+        return effective
+    room = context - prompt_len
+    if room <= 0:
+        raise _Refused(
+            400,
+            f"the prompt ({prompt_len} tokens) fills the backend's context (max_model_len "
+            f"{context}); shorten the conversation",
+        )
+    asked = effective.get("max_tokens")
+    if isinstance(asked, int) and asked <= room:
+        return effective
+    return {**effective, "max_tokens": room}
 
 
 async def _record_failure(

@@ -42,6 +42,8 @@ class BackendInfo:
 
     tokenizer: str | None
     experts_shape: tuple[int, int] | None
+    #: the context the backend serves (``max_model_len`` of ``/v1/models``), when it says
+    max_model_len: int | None = None
 
 
 async def _fetch_json(http: aiohttp.ClientSession, url: str) -> Any:
@@ -103,12 +105,17 @@ class TokensRuntime:
             layers, top_k = model_info.get("num_layers"), model_info.get("top_k")
             if isinstance(layers, int) and isinstance(top_k, int):
                 shape = (layers, top_k)
+        models = await _fetch_json(http, url + "/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        card = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         if tokenizer is None:
-            models = await _fetch_json(http, url + "/v1/models")
-            data = models.get("data") if isinstance(models, dict) else None
-            if data:
-                tokenizer = data[0].get("root") or data[0].get("id")
-        info = BackendInfo(tokenizer=str(tokenizer) if tokenizer else None, experts_shape=shape)
+            tokenizer = card.get("root") or card.get("id")
+        context = card.get("max_model_len")
+        info = BackendInfo(
+            tokenizer=str(tokenizer) if tokenizer else None,
+            experts_shape=shape,
+            max_model_len=context if isinstance(context, int) and context > 0 else None,
+        )
         if tokenizer or shape:  # an unreachable backend is asked again next time
             self._backend_info[url] = info
         return info
