@@ -25,7 +25,8 @@ class VLLMLike:
     ``"default"`` as the weight version until ``/update_weight_version`` (404 without
     ``VLLM_SERVER_DEV_MODE=1``) sets one."""
 
-    def __init__(self, *, scale_out: bool = False, dev_mode: bool = True) -> None:
+    def __init__(self, *, scale_out: bool = False, dev_mode: bool = True, root: str = "") -> None:
+        self.root = root or str(tokenizer_dir())
         self.scale_out = scale_out
         self.dev_mode = dev_mode
         self.version = "default"
@@ -36,7 +37,7 @@ class VLLMLike:
             card = {
                 "id": "m",
                 "object": "model",
-                "root": str(tokenizer_dir()),
+                "root": self.root,
                 "max_model_len": 2048,
             }
             return JSONResponse({"object": "list", "data": [card]})
@@ -174,3 +175,26 @@ def test_tokens_mode_caps_max_tokens_to_the_context() -> None:
         long = [{"role": "user", "content": "word " * 200}]
         r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": long})
         assert r.status_code == 400 and "max_model_len 96" in r.text
+
+
+def test_backend_tokenizer_for_a_remote_server() -> None:
+    # /v1/models names a folder on the vLLM host, which this gateway cannot read
+    fake = VLLMLike(scale_out=True, root="/models/on/another/host")
+    with (
+        ServerThread(fake.app()) as server,
+        serve_in_thread(backends=[]) as gw,
+        gw.client() as c,
+    ):
+        c.add_backend(server.url, name="remote")
+        h = c.create_session(capture="tokens")
+        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        assert r.status_code == 400 and "/models/on/another/host" in r.text
+        c.remove_backend("remote")
+        (info,) = c.add_backend(server.url, name="remote", tokenizer=str(tokenizer_dir()))
+        assert info["tokenizer"] == str(tokenizer_dir())
+        h = c.create_session(capture="tokens")
+        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        # rendered with the backend's tokenizer and sent: the fake's token-in route refuses it
+        assert "/models/on/another/host" not in r.text
+        (call,) = c.calls(h.session_id)
+        assert call.status == "failed" and len(call.prompt_ids) > 0

@@ -31,6 +31,8 @@ class Backend:
     pinned_model: str | None = None
     #: the name ``GET /v1/models`` last reported (re-read on every passing health check)
     discovered_model: str | None = None
+    #: the tokenizer given when the backend was added (``BackendSpec.tokenizer``), if any
+    tokenizer: str | None = None
 
     @property
     def model(self) -> str | None:
@@ -46,6 +48,7 @@ class Backend:
             "kind": self.kind,
             "model": self.model,
             "model_pinned": self.pinned_model is not None,
+            "tokenizer": self.tokenizer,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
         }
@@ -66,7 +69,13 @@ class BackendPool:
         name = spec.name or f"b{len(self.backends)}"
         while spec.name is None and name in self.backends:
             name = f"b{len(self.backends) + 1}-{len(name)}"
-        backend = Backend(name=name, url=spec.url, kind=spec.kind, pinned_model=spec.model)
+        backend = Backend(
+            name=name,
+            url=spec.url,
+            kind=spec.kind,
+            pinned_model=spec.model,
+            tokenizer=spec.tokenizer,
+        )
         self.backends[name] = backend
         return backend
 

@@ -23,6 +23,10 @@ class BackendSpec:
     #: backend restarted under a new name is followed); ``openai`` backends are never rewritten
     #: unless set.
     model: str | None = None
+    #: the tokenizer folder (or hub id) capture="tokens" renders prompts for this server with;
+    #: needed for a remote vLLM, whose ``/v1/models`` names a path on its own host. A session's
+    #: ``metadata["tokenizer"]`` still wins.
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:

@@ -85,12 +85,16 @@ class AdminRoutes(ControlRoutes):
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise GatewayError(400, f"model must be a string, got {model!r}")
+        tokenizer = body.get("tokenizer")
+        if tokenizer is not None and not isinstance(tokenizer, str):
+            raise GatewayError(400, f"tokenizer must be a string, got {tokenizer!r}")
         backend = self.gw.pool.add(
             BackendSpec(
                 url=str(body["url"]),
                 kind=kind,
                 name=body.get("name"),
                 model=None if model is None else str(model),
+                tokenizer=tokenizer,
             )
         )
         if self.gw.started:

@@ -223,7 +223,9 @@ async def _generate(
         raise first
     other_info = await runtime.describe(ctx.http, other.url)
     try:
-        same_tokenizer = tokenizer_source(ctx.session.metadata, other_info, other.url) == source
+        same_tokenizer = (
+            tokenizer_source(ctx.session.metadata, other_info, other.url, other.tokenizer) == source
+        )
     except LookupError:
         same_tokenizer = False
     if not same_tokenizer:  # its ids would stand for other tokens: fail rather than mis-sample
@@ -299,7 +301,9 @@ async def _plan(ctx: ChatContext, messages: list[dict[str, Any]]) -> _Plan:
     runtime = ctx_runtime(ctx)
     try:
         info = await runtime.describe(ctx.http, ctx.backend.url)
-        source = tokenizer_source(ctx.session.metadata, info, ctx.backend.url)
+        source = tokenizer_source(
+            ctx.session.metadata, info, ctx.backend.url, ctx.backend.tokenizer
+        )
         renderer = await runtime.renderer(source)
     except (LookupError, ValueError, MissingTokensExtra) as exc:
         raise _Refused(400, str(exc)) from exc

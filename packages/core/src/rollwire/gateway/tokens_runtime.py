@@ -222,7 +222,9 @@ async def check_session(
                 await runtime.check_token_route(http, backend)
                 info = await runtime.describe(http, backend.url)
     try:
-        source = tokenizer_source(metadata, info, backend.url if backend else None)
+        source = tokenizer_source(
+            metadata, info, backend.url if backend else None, backend.tokenizer if backend else None
+        )
         renderer = await runtime.renderer(source)
     except LookupError as exc:
         raise ValueError(str(exc)) from exc
@@ -232,10 +234,16 @@ async def check_session(
 
 
 def tokenizer_source(
-    metadata: Mapping[str, Any] | None, info: BackendInfo, backend_url: str | None
+    metadata: Mapping[str, Any] | None,
+    info: BackendInfo,
+    backend_url: str | None,
+    backend_tokenizer: str | None = None,
 ) -> str:
+    """The tokenizer to render with: the session's ``metadata["tokenizer"]``, the backend's own
+    setting (``BackendSpec.tokenizer``), ``$ROLLWIRE_TOKENIZER``, then what the backend advertises."""
     meta = metadata or {}
-    for candidate in (meta.get("tokenizer"), os.environ.get("ROLLWIRE_TOKENIZER"), info.tokenizer):
+    env = os.environ.get("ROLLWIRE_TOKENIZER")
+    for candidate in (meta.get("tokenizer"), backend_tokenizer, env, info.tokenizer):
         if candidate:
             return str(candidate)
     where = f"backend {backend_url} does not name one" if backend_url else "no backend names one"

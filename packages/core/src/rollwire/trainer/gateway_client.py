@@ -206,11 +206,19 @@ class GatewayClient(_Base):
         return list(self._req("GET", "/api/backends")["backends"])
 
     def add_backend(
-        self, url: str, kind: str = "vllm", name: str | None = None, model: str | None = None
+        self,
+        url: str,
+        kind: str = "vllm",
+        name: str | None = None,
+        model: str | None = None,
+        tokenizer: str | None = None,
     ) -> list[dict[str, Any]]:
         """``POST /api/backends``. ``model`` pins the served model name every forwarded request
-        uses; unpinned, it is read from the backend's ``GET /v1/models`` at each health check."""
-        body = _drop_none({"url": url, "kind": kind, "name": name, "model": model})
+        uses; unpinned, it is read from the backend's ``GET /v1/models`` at each health check.
+        ``tokenizer`` is the folder capture="tokens" renders with for this server."""
+        body = _drop_none(
+            {"url": url, "kind": kind, "name": name, "model": model, "tokenizer": tokenizer}
+        )
         return list(self._req("POST", "/api/backends", json=body)["backends"])
 
     def remove_backend(self, name: str) -> None:
@@ -343,10 +351,17 @@ class AsyncGatewayClient(_Base):
         return list((await self._req("GET", "/api/backends"))["backends"])
 
     async def add_backend(
-        self, url: str, kind: str = "vllm", name: str | None = None, model: str | None = None
+        self,
+        url: str,
+        kind: str = "vllm",
+        name: str | None = None,
+        model: str | None = None,
+        tokenizer: str | None = None,
     ) -> list[dict[str, Any]]:
-        """``POST /api/backends`` (``model``: see :meth:`GatewayClient.add_backend`)."""
-        body = _drop_none({"url": url, "kind": kind, "name": name, "model": model})
+        """``POST /api/backends`` (``model``, ``tokenizer``: see :meth:`GatewayClient.add_backend`)."""
+        body = _drop_none(
+            {"url": url, "kind": kind, "name": name, "model": model, "tokenizer": tokenizer}
+        )
         return list((await self._req("POST", "/api/backends", json=body))["backends"])
 
     async def remove_backend(self, name: str) -> None:
