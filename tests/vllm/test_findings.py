@@ -63,7 +63,9 @@ def test_forced_tool_choice_is_never_trained(gateway: RunningGateway) -> None:
         tools=TOOLS,  # type: ignore[arg-type]
         tool_choice={"type": "function", "function": {"name": "add"}},
     )
-    assert r.choices[0].message.tool_calls
+    # the grammar forced the call's opening (the random model fills the arguments)
+    text = r.choices[0].message.content or ""
+    assert r.choices[0].message.tool_calls or text.startswith('<tool_call>{"name": "add"')
     (call,) = c.calls(h.session_id)
     assert call.off_policy and "guided_tool_choice" in call.flags
     assert (
