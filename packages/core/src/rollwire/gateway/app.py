@@ -34,6 +34,7 @@ from rollwire.gateway.asgi import (
     ASGIResponse,
     bearer,
     header,
+    lifespan,
     read_body,
 )
 from rollwire.gateway.backends import BackendPool
@@ -213,7 +214,7 @@ class Gateway:
                 return
             await self._control(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan(receive, send, self.startup, self.shutdown)
         else:
             await self._control(scope, receive, send)
 
@@ -221,21 +222,6 @@ class Gateway:
     def app(self) -> Gateway:
         """The ASGI application (the gateway itself)."""
         return self
-
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     # ------------------------------------------------------------------ sessions
     def authenticate(self, token: str | None) -> str:

@@ -18,6 +18,7 @@ __all__ = [
     "RawResponse",
     "bearer",
     "header",
+    "lifespan",
     "read_body",
 ]
 
@@ -97,3 +98,25 @@ async def read_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes:
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def lifespan(
+    receive: Any,
+    send: Any,
+    startup: Callable[[], Awaitable[None]],
+    shutdown: Callable[[], Awaitable[None]],
+) -> None:
+    """Serve the ASGI lifespan protocol with ``startup`` and ``shutdown``."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await startup()
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
