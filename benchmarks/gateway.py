@@ -9,7 +9,8 @@
 Every run ends with a "targets" block: met / not met for each target, with the measured value.
 
 Every server runs in its own process: a null backend answering instantly with a fixed vLLM-shaped
-body (~512 prompt ids, 64 completion ids with log-probs), the rollwire gateway (SQLite capture) and
+body (~512 prompt ids, 64 completion ids with log-probs), the rollwire gateway (SQLite capture), the
+rollwire gateway on the Redis store (``rollwire-redis``, a throwaway redis-server with AOF) and
 rllm-model-gateway 0.1.0 (installed into a temporary venv; skipped with a reason if that fails).
 The load generator (aiohttp) runs in its own process too, alternating targets round by round.
 Reported: requests/s, p50/p99 latency and the latency added over the direct path, server CPU per
@@ -171,7 +172,9 @@ def pct(xs: list[float], q: float) -> float:
 
 
 # ----------------------------------------------------------------------------- targets
-def start_rollwire(tmp: Path, backend_url: str, name: str) -> tuple[Proc, str, str]:
+def start_rollwire(
+    tmp: Path, backend_url: str, name: str, store: str | None = None
+) -> tuple[Proc, str, str]:
     port, key = free_port(), "bench-admin-key"
     proc = Proc(
         name,
@@ -184,7 +187,7 @@ def start_rollwire(tmp: Path, backend_url: str, name: str) -> tuple[Proc, str, s
             "--backend",
             f"{backend_url}=vllm",
             "--store",
-            f"sqlite:{tmp / (name + '.sqlite')}",
+            store or f"sqlite:{tmp / (name + '.sqlite')}",
             "--admin-key",
             key,
         ],
@@ -321,6 +324,25 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 def captured_calls(url: str, key: str, group: str) -> int:
     sessions = http_json("GET", f"{url}/api/sessions?group_id={group}", key=key)["sessions"]
     return sum(s["num_calls"] for s in sessions)
+
+
+def start_redis(procs: list[Proc]) -> str | None:
+    """A redis-server (AOF on, as the Redis store wants it) for the Redis row; None without one."""
+    from rollwire.testing.redis_server import RedisServer, redis_server_binary
+
+    if redis_server_binary() is None:
+        print("redis-server not installed: no rollwire-redis row (apt-get install redis-server)")
+        return None
+    server = RedisServer().start()
+
+    class _Stop:  # a Proc-like handle so the run's cleanup stops it with the rest
+        pid = server.proc.pid if server.proc else 0
+
+        def stop(self) -> None:
+            server.close()
+
+    procs.append(_Stop())  # type: ignore[arg-type]
+    return server.url
 
 
 def start_null(procs: list[Proc]) -> str:
@@ -601,6 +623,13 @@ def targets_block(
             lost.append(f"{what}: {pair[0]} of {pair[1]}")
             ok_lost = (ok_lost is not False) and pair[0] == pair[1]
     add("zero calls lost (captured == sent)", ok_lost, "; ".join(lost))
+    s64, x64 = row(main_rows, "rollwire", 64), row(main_rows, "rollwire-redis", 64)
+    name = "Redis store CPU/call at 64 <= 1.5x SQLite's"
+    if s64 is not None and x64 is not None:
+        ratio = x64["cpu_us"] / s64["cpu_us"]
+        add(name, ratio <= 1.5, f"{x64['cpu_us']:.0f} vs {s64['cpu_us']:.0f} us = {ratio:.2f}x")
+    else:
+        add(name, None, "needs the main run with redis-server installed")
     if rss is not None:
         add(
             f"gateway RSS < 150 MB after {rss['calls']} calls",
@@ -626,6 +655,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per level")
     ap.add_argument("--skip-rllm", action="store_true")
+    ap.add_argument("--skip-redis", action="store_true", help="no rollwire-redis row")
     ap.add_argument("--turns", type=int, default=40)
     ap.add_argument(
         "--big-db-gb",
@@ -715,6 +745,16 @@ def main_phase(
     }
     for name, (_, make_body) in DIALECTS.items():
         targets[name] = {"pid": rw.pid, "sent": 0, "body": json.dumps(make_body()).encode()}
+    redis_url = start_redis(procs) if not args.skip_redis else None
+    if redis_url is not None:
+        rr, rr_url, _ = start_rollwire(tmp, null_url, "rollwire-redis", redis_url)
+        procs.append(rr)
+        targets["rollwire-redis"] = {
+            "pid": rr.pid,
+            "sent": 0,
+            "rss0": rss_mb(rr.pid),
+            "url": rr_url,
+        }
     if rllm_py is not None:
         rl, rl_url, _ = start_rllm(rllm_py, tmp, null_url, "rllm")
         procs.append(rl)
@@ -733,6 +773,11 @@ def main_phase(
         }
         for name, (route, _) in DIALECTS.items():
             out[name] = (rollwire_sessions(rw_url, key, c, "bench-" + name, route), hdr)
+        if "rollwire-redis" in targets:
+            out["rollwire-redis"] = (
+                rollwire_sessions(targets["rollwire-redis"]["url"], key, c),
+                hdr,
+            )
         if "rllm-model-gateway" in targets:
             base = targets["rllm-model-gateway"]["url"]
             out["rllm-model-gateway"] = (
@@ -746,6 +791,10 @@ def main_phase(
     time.sleep(1.0)
     targets["rollwire"]["captured"] = captured_calls(rw_url, key, "bench")
     targets["rollwire"]["rss1"] = rss_mb(rw.pid)
+    if "rollwire-redis" in targets:
+        d = targets["rollwire-redis"]
+        d["captured"] = captured_calls(d["url"], key, "bench")
+        d["rss1"] = rss_mb(d["pid"])
     if "rllm-model-gateway" in targets:
         base = targets["rllm-model-gateway"]["url"]
         http_json("POST", base + "/admin/flush", {})
@@ -755,7 +804,7 @@ def main_phase(
     print()
     print_rows(rows)
     print()
-    for t in ("rollwire", "rllm-model-gateway"):
+    for t in ("rollwire", "rollwire-redis", "rllm-model-gateway"):
         if t in targets:
             d = targets[t]
             print(
