@@ -41,13 +41,21 @@ def serve(
     store: str = typer.Option(
         "sqlite:rollwire-gateway.sqlite",
         metavar="URL",
-        help="Where calls are stored: sqlite:PATH or sqlite::memory:.",
+        help="Where calls are stored: sqlite:PATH, sqlite::memory: or redis://host:port/db "
+        "(shared by several gateways; extra rollwire[redis]).",
     ),
     admin_key: str | None = typer.Option(
         None,
         metavar="KEY",
         envvar="ROLLWIRE_ADMIN_KEY",
-        help="Key for /api (generated and printed if unset).",
+        help="Key for /api (generated and printed if unset). Prefer the environment variable "
+        "or --admin-key-file: a value on the command line is visible in ps.",
+    ),
+    admin_key_file: str | None = typer.Option(
+        None, metavar="PATH", help="Read the admin key from this file (its first line)."
+    ),
+    private_metrics: bool = typer.Option(
+        False, help="/metrics and /health need the admin key too."
     ),
     open_mode: bool = typer.Option(
         False,
@@ -87,6 +95,8 @@ def serve(
     if public_url is not None and url_problem(public_url) is not None:
         raise fail(f"--public-url {public_url} is not a URL ({url_problem(public_url)})")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if admin_key_file is not None:
+        admin_key = _read_key_file(admin_key_file, admin_key)
     generated = admin_key is None and not open_mode
     cfg = GatewayConfig(
         backends=specs,
@@ -99,6 +109,7 @@ def serve(
         upstream_timeout=upstream_timeout,
         health_interval=health_interval,
         tune_gc=True,
+        private_metrics=private_metrics,
     )
     try:
         gateway = Gateway(cfg)
@@ -148,6 +159,21 @@ def serve(
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C / SIGINT after a clean shutdown, as uvicorn.run treats it
         pass
+
+
+def _read_key_file(path: str, given: str | None) -> str:
+    if given is not None:
+        raise fail(
+            "give the admin key once: --admin-key (or ROLLWIRE_ADMIN_KEY) or --admin-key-file"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except OSError as exc:
+        raise fail(f"--admin-key-file {path}: cannot read it ({exc.strerror})") from exc
+    if not key:
+        raise fail(f"--admin-key-file {path}: the file is empty")
+    return key
 
 
 def main() -> None:

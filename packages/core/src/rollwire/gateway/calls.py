@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -44,11 +45,13 @@ def internal_error(gw: GatewayPort, exc: Exception, st: SessionState | None) -> 
         gw.metrics.error("store_unavailable")
         return store_unavailable(exc).response()
     sid = st.record.session_id if st is not None else None
-    log.error("unexpected error serving a call of session %r", sid, exc_info=exc)
+    ref = secrets.token_hex(4)
+    log.error("unexpected error [%s] serving a call of session %r", ref, sid, exc_info=exc)
     gw.metrics.error("internal")
+    # The exception text stays in the log: it may show internals the agent has no use for.
     return error_response(
         500,
-        f"internal gateway error: {type(exc).__name__}: {exc}",
+        f"internal gateway error [{ref}]: the gateway's log has the details",
         "server_error",
         "internal_error",
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.applications import Starlette
@@ -42,11 +43,18 @@ def build_control_app(gw: GatewayPort, extra: Sequence[BaseRoute] = ()) -> Starl
         if isinstance(exc, StoreUnavailable):
             gw.metrics.error("store_unavailable")
             return store_unavailable(exc).response()
-        log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
+        ref = secrets.token_hex(4)
+        log.error(
+            "unexpected error [%s] serving %s %s",
+            ref,
+            request.method,
+            request.url.path,
+            exc_info=exc,
+        )
         gw.metrics.error("internal")
         return error_response(
             500,
-            f"internal gateway error: {type(exc).__name__}: {exc}",
+            f"internal gateway error [{ref}]: the gateway's log has the details",
             "server_error",
             "internal_error",
         )

@@ -147,6 +147,8 @@ class AdminRoutes(ControlRoutes):
         return self.pause_json()
 
     async def health(self, request: Request) -> Response:
+        if self.gw.config.private_metrics:
+            self.require_admin(request)
         healthy = sum(1 for b in self.gw.pool.backends.values() if b.healthy)
         return json_response(
             {
@@ -160,5 +162,7 @@ class AdminRoutes(ControlRoutes):
         )
 
     async def metrics(self, request: Request) -> Response:
+        if self.gw.config.private_metrics:
+            self.require_admin(request)
         text = self.gw.metrics.render(len(self.gw.sessions), self.gw.in_flight)
         return Response(text, media_type="text/plain; version=0.0.4")
