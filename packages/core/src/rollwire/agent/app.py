@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
+import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -84,6 +85,7 @@ class RolloutApp(RolloutRunner):
         report_grace: float = 10.0,
         shutdown_timeout: float = 10.0,
         debug: bool = False,
+        max_body_bytes: int = 8 * 1024 * 1024,
         lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] | None = None,
         middleware: Sequence[Middleware] | None = None,
     ) -> None:
@@ -96,6 +98,7 @@ class RolloutApp(RolloutRunner):
             shutdown_timeout=shutdown_timeout,
         )
         self.debug = debug
+        self.max_body_bytes = max_body_bytes  # larger /invocations bodies are refused (413)
         self._user_lifespan = lifespan
         self._ping_handler: Callable[[], Any] | None = None
         self._websocket_handler: Callable[..., Any] | None = None
@@ -256,11 +259,19 @@ class RolloutApp(RolloutRunner):
 
     async def _invocations(self, request: Request) -> Response:
         session_id = request.headers.get(SESSION_HEADER)
-        try:
-            payload = await request.json()
-        except ValueError:
+        raw = await _read_limited(request, self.max_body_bytes)
+        if raw is None:
             return JSONResponse(
-                {"error": "the request body must be a JSON object"}, status_code=400
+                {
+                    "error": f"the request body is over this agent's limit of {self.max_body_bytes} bytes"
+                },
+                status_code=413,
+            )
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:  # also JSON nested deeper than the parser allows
+            return JSONResponse(
+                {"error": f"the request body must be a JSON object ({exc})"}, status_code=400
             )
         if self.debug and isinstance(payload, Mapping) and DEBUG_ACTION_KEY in payload:
             return self._debug_action(payload[DEBUG_ACTION_KEY])
@@ -319,3 +330,18 @@ def load_app(app_path: str) -> RolloutApp:
         app.rollout_entrypoint(obj)
         return app
     raise TypeError(f"{app_path} is a {type(obj).__name__}, not a RolloutApp or a handler function")
+
+
+async def _read_limited(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it is over ``limit`` bytes (read no further)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

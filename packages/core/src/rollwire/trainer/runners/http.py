@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +33,12 @@ class HttpRunner:
     """
 
     def __init__(
-        self, urls: str | Sequence[str], *, timeout: float = 30.0, max_connections: int = 256
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = 30.0,
+        max_connections: int = 256,
+        grace: float = 5.0,
     ) -> None:
         pool = [urls] if isinstance(urls, str) else list(urls)
         urls_ = [u.strip().rstrip("/") for part in pool for u in part.split(",") if u.strip()]
@@ -41,6 +47,7 @@ class HttpRunner:
             raise ValueError("HttpRunner needs at least one agent URL, e.g. http://127.0.0.1:8080")
         self._moved: dict[str, int] = {}  # sessions moved on from agents that refused connections
         self.timeout = timeout
+        self.grace = grace  # a try never outlives the rollout's deadline + this
         self.max_connections = max_connections
         self._lock = threading.Lock()
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
@@ -74,7 +81,10 @@ class HttpRunner:
             self._in_flight[loop] = self._in_flight.get(loop, 0) + 1
         try:
             async with self._http(loop).post(
-                f"{url}/invocations", json=dict(payload), headers={SESSION_HEADER: session_id}
+                f"{url}/invocations",
+                json=dict(payload),
+                headers={SESSION_HEADER: session_id},
+                timeout=aiohttp.ClientTimeout(total=self.try_timeout(payload)),
             ) as resp:
                 status, text = resp.status, await resp.text()
         except aiohttp.ClientConnectorError as exc:  # not connected: nothing was delivered
@@ -96,6 +106,16 @@ class HttpRunner:
                 f"agent at {url}/invocations answered HTTP {status}: {text[:300]}",
                 retryable=status >= 500 or status in (408, 429),
             )
+
+    def try_timeout(self, payload: Mapping[str, Any], now: float | None = None) -> float:
+        """Seconds one POST may take: ``timeout``, but never past the rollout's deadline +
+        ``grace`` (a hung agent must not hold the trainer's failed record back)."""
+        meta = payload.get("_rollwire")
+        deadline = meta.get("deadline") if isinstance(meta, Mapping) else None
+        if not isinstance(deadline, (int, float)) or isinstance(deadline, bool):
+            return self.timeout
+        left = float(deadline) + self.grace - (time.time() if now is None else now)
+        return max(0.5, min(self.timeout, left))
 
     async def release(self, session_id: str) -> None:
         """Forget the session's pinning once it is terminal."""
