@@ -78,6 +78,8 @@ class Tally:
         self.sent = 0
         self.answered: set[str] = set()
         self.failed = 0  # attempts that did not get a 200
+        # "status code" of the attempts that failed ("0" when there was no answer)
+        self.codes: Counter[str] = Counter()
         self.lat: list[float] = []
 
 
@@ -91,14 +93,19 @@ async def _post(http: Any, url: str, body: bytes, retry: int, tally: Tally) -> i
     t = time.perf_counter()
     try:
         async with http.post(url, data=body, headers=headers) as r:
-            await r.read()
+            answer = await r.read()
             status = r.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        status = 0
+        status, answer = 0, b""
     if status == 200:
         tally.lat.append(time.perf_counter() - t)
     else:
         tally.failed += 1
+        try:
+            code = orjson.loads(answer)["error"].get("code") or ""
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            code = ""
+        tally.codes[f"{status} {code}".strip()] += 1
     return status
 
 
@@ -202,6 +209,7 @@ def audit(gateway: str, sids: list[str], tally: Tally) -> dict[str, Any]:
         "sent": tally.sent,
         "answered": len(tally.answered),
         "reported_failed": tally.failed,
+        "failed_by_status": dict(sorted(tally.codes.items())),
         "captured_ok": stored_ok,
         "stored_failed": stored_failed,
         "lost": lost,

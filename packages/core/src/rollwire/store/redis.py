@@ -45,7 +45,8 @@ __all__ = ["RedisStore"]
 
 class RedisStore:
     """The shared store (see the module docstring). ``url`` is a redis-py URL
-    (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path``)."""
+    (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path``); at most
+    ``max_connections`` connections (reads wait for a free one; writes use one at a time)."""
 
     def __init__(
         self,
@@ -54,17 +55,23 @@ class RedisStore:
         prefix: str = "rollwire:",
         socket_timeout: float = 10.0,
         connect_timeout: float = 2.0,
+        max_connections: int = 64,
     ) -> None:
         self.url = url
         self.prefix = prefix
         # No silent retries: a write whose answer was lost may have happened; the caller hears
         # StoreUnavailable and the agent's own retry is matched by its request key.
-        client = aioredis.Redis.from_url(
+        # A bounded pool that makes excess requests wait for a connection (redis-py's default
+        # pool refuses them with "Too many connections" under load).
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=socket_timeout,
             retry=Retry(NoBackoff(), 0),
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
         )
+        client = aioredis.Redis(connection_pool=pool)
         self._r = client
         self._w = RedisWriter(client, url, prefix)
 
@@ -222,4 +229,4 @@ class RedisStore:
             return
         await self._w.drain()
         self._w.closed = True
-        await self._r.aclose()
+        await self._r.aclose(close_connection_pool=True)
