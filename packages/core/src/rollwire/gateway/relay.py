@@ -258,11 +258,11 @@ class StreamRelay:
         except Exception as exc:
             # Anything else (a chunk of the wrong shape): record the call, tell the agent.
             log.warning("relaying the stream of call %s failed: %r", self.call.call_id, exc)
-            reason = f"internal gateway error while relaying: {type(exc).__name__}: {exc}"
-            self._add_error(reason)  # recorded with the call; the agent gets no internals
+            told = "internal gateway error while relaying the stream; the call is recorded failed"
+            # Recorded with the call in full; the agent is told no internals.
+            self._add_error(f"{told}: {type(exc).__name__}: {exc}")
             if not self.committed:
                 await self.finish(False)
-            told = "internal gateway error while relaying the stream; the call is recorded failed"
             yield b"data: " + error_body(told, "server_error", "internal_error") + b"\n\n" + _DONE
         finally:
             self.resp.release()
