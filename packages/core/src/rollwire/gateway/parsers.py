@@ -84,6 +84,12 @@ def _tool_call(name: str, arguments: Any) -> dict[str, Any]:
     }
 
 
+def _content(text: str) -> str | None:
+    """A reply's content exactly as sampled (the agent must see what the policy produced), or
+    None when it is only whitespace."""
+    return text if text.strip() else None
+
+
 def split_reasoning(text: str) -> tuple[str | None, str, str | None]:
     """``(reasoning, rest, error)`` of a completion: ``<think>...</think>`` at its start.
 
@@ -126,7 +132,7 @@ class HermesParser:
             return ParsedCompletion(content=text, ill_formed=True, error=err)
         first = rest.find("<tool_call>")
         if first < 0:
-            return ParsedCompletion(content=rest.strip() or None, reasoning=reasoning)
+            return ParsedCompletion(content=_content(rest), reasoning=reasoning)
         calls: list[dict[str, Any]] = []
         pos = first
         for m in _HERMES_BLOCK.finditer(rest, first):
@@ -201,7 +207,7 @@ class Qwen3CoderParser:
         first_fn = rest.find("<function=")
         starts = [i for i in (first_tc, first_fn) if i >= 0]
         if not starts:
-            return ParsedCompletion(content=rest.strip() or None, reasoning=reasoning)
+            return ParsedCompletion(content=_content(rest), reasoning=reasoning)
         first = min(starts)
         body = rest[first:]
         calls: list[dict[str, Any]] = []
@@ -285,4 +291,4 @@ def parse_completion(
     reasoning, rest, err = split_reasoning(text)
     if err:
         return ParsedCompletion(content=text, ill_formed=True, error=err)
-    return ParsedCompletion(content=rest.strip() or None, reasoning=reasoning)
+    return ParsedCompletion(content=_content(rest), reasoning=reasoning)

@@ -148,6 +148,8 @@ def _answer(
         token_text=renderer.token_text,
         want_logprobs=bool(body.get("logprobs")),
         want_token_ids=bool(body.get("return_token_ids")),
+        top_logprobs=gen.top_logprobs,
+        top_n=int(body.get("top_logprobs") or 0),
     )
     return _Answer(parsed, finish, response)
 
@@ -387,6 +389,11 @@ def _captured_call(
     all_flags = list(plan.flags)
     if answer.parsed.ill_formed:
         all_flags.append("ill_formed")
+    choice = ctx.body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        # tokens mode samples freely (no grammar): the call is on-policy, but the agent's
+        # constraint was not applied, which it should be able to see
+        all_flags.append("tool_choice_ignored")
     version, version_flag = resolve_policy_version(gen.weight_version, ctx.policy_version)
     if version_flag:
         all_flags.append(version_flag)

@@ -56,6 +56,8 @@ class Generation:
     routed_experts: np.ndarray | None = None
     weight_version: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    #: per completion token, the backend's most likely ``(token_id, logprob)`` (when asked)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def _stop_list(stop: Any) -> list[str] | None:
@@ -192,6 +194,14 @@ def _read_vllm(obj: Any, url: str) -> Generation:
             "(ask for sampling_params.logprobs)",
         )
     logprobs = np.asarray([float(c["logprob"]) for c in content], dtype=np.float32)
+    tops = [
+        [
+            (int(t["token_id"]), float(t["logprob"]))
+            for t in (c.get("top_logprobs") or [])
+            if isinstance(t, dict) and isinstance(t.get("token_id"), int)
+        ]
+        for c in content
+    ]
     experts = None
     if choice.get("routed_experts"):
         arr = np.load(io.BytesIO(base64.b64decode(choice["routed_experts"])), allow_pickle=False)
@@ -209,6 +219,7 @@ def _read_vllm(obj: Any, url: str) -> Generation:
         routed_experts=experts,
         weight_version=None if version is None else str(version),
         raw=obj,
+        top_logprobs=tops if any(tops) else None,
     )
 
 
@@ -237,6 +248,11 @@ def _read_sglang(
         elif rows > 0 and flat.size % rows == 0:
             experts = flat.reshape(rows, 1, -1).astype(np.int16)
     version = meta.get("weight_version")
+    # SGLang: per position a list of [logprob, token_id, text]
+    tops = [
+        [(int(e[1]), float(e[0])) for e in position or [] if len(e) > 1 and e[1] is not None]
+        for position in meta.get("output_top_logprobs") or []
+    ]
     return Generation(
         completion_ids=completion,
         logprobs=logprobs,
@@ -245,4 +261,5 @@ def _read_sglang(
         routed_experts=experts,
         weight_version=None if version is None else str(version),
         raw=obj,
+        top_logprobs=tops if any(tops) else None,
     )

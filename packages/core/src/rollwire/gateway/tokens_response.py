@@ -17,15 +17,26 @@ __all__ = ["chat_completion", "sse_chunks"]
 _CONTENT_CHUNK = 64  # characters per content delta when streaming a finished completion
 
 
+def _entry(token_text: Callable[[int], str], token_id: int, logprob: float) -> dict[str, Any]:
+    text = token_text(int(token_id))
+    return {"token": text, "logprob": float(logprob), "bytes": list(text.encode())}
+
+
 def _logprobs_content(
-    ids: np.ndarray, logprobs: np.ndarray, token_text: Callable[[int], str]
+    ids: np.ndarray,
+    logprobs: np.ndarray,
+    token_text: Callable[[int], str],
+    top_logprobs: Sequence[Sequence[tuple[int, float]]] | None = None,
+    top_n: int = 0,
 ) -> list[dict[str, Any]]:
+    """OpenAI ``logprobs.content``: each sampled token and the backend's ``top_n`` alternatives."""
     out = []
-    for t, lp in zip(ids.tolist(), logprobs.tolist(), strict=True):
-        text = token_text(int(t))
-        out.append(
-            {"token": text, "logprob": float(lp), "bytes": list(text.encode()), "top_logprobs": []}
-        )
+    tops = top_logprobs if top_logprobs is not None and top_n > 0 else None
+    for j, (t, lp) in enumerate(zip(ids.tolist(), logprobs.tolist(), strict=True)):
+        entry = _entry(token_text, t, lp)
+        alternatives = tops[j][:top_n] if tops is not None and j < len(tops) else ()
+        entry["top_logprobs"] = [_entry(token_text, tt, tlp) for tt, tlp in alternatives]
+        out.append(entry)
     return out
 
 
@@ -40,13 +51,18 @@ def chat_completion(
     token_text: Callable[[int], str],
     want_logprobs: bool,
     want_token_ids: bool,
+    top_logprobs: Sequence[Sequence[tuple[int, float]]] | None = None,
+    top_n: int = 0,
 ) -> dict[str, Any]:
-    """The non-streaming ``chat.completion`` body (vendor fields only when the agent asked)."""
+    """The non-streaming ``chat.completion`` body (vendor fields only when the agent asked);
+    ``top_n`` alternatives per token from the backend's ``top_logprobs``."""
     choice: dict[str, Any] = {
         "index": 0,
         "message": parsed.message(),
         "finish_reason": finish_reason,
-        "logprobs": {"content": _logprobs_content(completion_ids, logprobs, token_text)}
+        "logprobs": {
+            "content": _logprobs_content(completion_ids, logprobs, token_text, top_logprobs, top_n)
+        }
         if want_logprobs
         else None,
     }
