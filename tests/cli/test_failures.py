@@ -301,3 +301,16 @@ def test_a_gateway_backend_that_does_not_answer_yet_is_a_warning(
         proc.wait(30)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_eval_fails_when_its_rollouts_failed_for_infrastructure(
+    cli: CLI, error_line: CLI, tasks: Path, tmp_path: Path
+) -> None:
+    with EmbeddedEngine(EngineConfig(faults=FaultConfig(error_rate=1.0))) as failing:
+        args = ["eval", "--agent", AGENT, "--tasks", str(tasks), "--backend", failing.url]
+        proc = cli(*args, "--k", "1", "--no-progress", cwd=tmp_path)
+        assert proc.returncode == 1
+        assert "2 evaluation rollouts failed for an infrastructure reason" in error_line(proc)
+        assert "injected fault" in proc.stdout
+        again = cli(*args, "--k", "1", "--no-progress", cwd=tmp_path)  # eval.json exists now
+    assert again.returncode == 2 and "--out eval.json exists" in error_line(again)

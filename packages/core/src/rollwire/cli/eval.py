@@ -13,7 +13,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from rollwire.cli.checks import probe_gateway
+from rollwire.cli.errors import FAILED, check_output_free, fail
+from rollwire.cli.run import check_backends
 from rollwire.cli.run_summary import METRICS_HELP, log_eval
+from rollwire.cli.summary import failure_causes, is_infrastructure, rollouts_of
 
 __all__ = ["evaluate"]
 
@@ -74,6 +78,9 @@ def evaluate(
     concurrency: int = typer.Option(32, "--concurrency", "-c", min=1),
     deadline: float = typer.Option(600.0, "--deadline", help="Seconds per rollout."),
     out: Path = typer.Option(Path("eval.json"), "--out", "-o", help="Where to write the result."),
+    force: bool = typer.Option(
+        False, "--force", help="Overwrite --out and --rollouts if they exist."
+    ),
     rollouts_out: Path = typer.Option(
         None, "--rollouts", help="Also write every evaluation rollout (JSONL, marked untrainable)."
     ),
@@ -84,6 +91,9 @@ def evaluate(
     """Evaluate at your serving settings: mean reward, success rate and pass@k per setting."""
     from rollwire.evaluation import EvalSetting, result_table, run_eval
 
+    check_output_free(out, force)
+    if rollouts_out is not None:
+        check_output_free(rollouts_out, force, "--rollouts")
     if demo and max_tokens is None:
         max_tokens = 48  # the demo's cap (rollwire demo uses the same)
     temps = temperature or [1.0]
@@ -130,11 +140,23 @@ def evaluate(
             raise _fail(str(exc)) from exc
     if metrics:
         log_eval(console, result, metrics)
+    infra = sum(is_infrastructure(r) for groups in kept.values() for r in rollouts_of(groups))
     if demo:
         console.print(
             "[bold yellow]note:[/bold yellow] the demo's guesses are chosen by a scripted solver "
             "(teacher-forced), so its rewards do not depend on the temperature; run your own "
             "agent and model with --agent/--tasks/--backend to compare settings for real."
+        )
+    if infra:
+        for c in failure_causes(r for groups in kept.values() for r in rollouts_of(groups)):
+            if c.infrastructure:
+                console.print(
+                    f"  {c.count:>5}  {escape(c.label)}: {escape(c.message)}", soft_wrap=True
+                )
+        raise fail(
+            f"{infra} evaluation rollouts failed for an infrastructure reason (causes above): "
+            f"the figures in {out} do not measure the agent",
+            FAILED,
         )
 
 
@@ -169,14 +191,9 @@ def _setup(
     kind = runner.partition(":")[0]
     if kind in ("local", "ray") and not agent:
         raise _fail(f"the {kind} runner needs --agent MODULE:APP")
-    backends = []
-    for b in backend:
-        if b == "embedded":
-            from rollwire.engine import EmbeddedEngine
-
-            backends.append(f"{stack.enter_context(EmbeddedEngine()).url}=vllm")
-        else:
-            backends.append(b)
+    if gateway != "embedded":
+        probe_gateway(gateway.rstrip("/"), admin_key)
+    backends = check_backends(backend, stack)  # each URL checked to answer before the run
     if gateway == "embedded" and not backends:
         raise _fail("the embedded gateway needs at least one --backend URL (or --backend embedded)")
     app = None

@@ -25,7 +25,7 @@ from rollwire.cli.errors import FAILED, check_output_free, fail
 from rollwire.cli.run_summary import METRICS_HELP, report_run
 from rollwire.cli.summary import failure_causes, rollouts_of, summarize, summary_table
 
-__all__ = ["run"]
+__all__ = ["check_backends", "import_path", "quiet_logs", "read_tasks", "run"]
 
 console = Console()
 #: a run stops early when this many rollouts finished and every one failed for an
@@ -76,7 +76,7 @@ def _check_tokens_mode(capture: str, gateway: str) -> None:
             ) from exc
 
 
-def _backends(specs: list[str], stack: contextlib.ExitStack) -> list[str]:
+def check_backends(specs: list[str], stack: contextlib.ExitStack) -> list[str]:
     """The embedded gateway's backends; each URL is checked to answer before the run starts."""
     out: list[str] = []
     for b in specs:
@@ -273,7 +273,7 @@ def run(
             )
         probe_gateway(gateway.rstrip("/"), admin_key)
     with contextlib.ExitStack() as stack:
-        backends = _backends(backend, stack)
+        backends = check_backends(backend, stack)
         if gateway == "embedded" and not backends:
             raise fail(
                 "the embedded gateway needs at least one --backend URL (or --backend embedded)"
