@@ -201,3 +201,26 @@ def test_stream_answered_without_sse_is_a_clear_error() -> None:
         calls = httpx.get(g.url + f"/api/sessions/{s['session_id']}/calls", headers=ADMIN)
         (call,) = calls.json()["calls"]
         assert call["status"] == "failed" and call["trainable"] is False
+
+
+def test_abandoned_sessions_time_out_and_are_counted() -> None:
+    import time
+
+    with (
+        ServerThread(NullBackend()) as b,
+        serve_in_thread(backends=[(b.url, "vllm")], admin_key=KEY, sweep_interval=0.05) as g,
+    ):
+        s = httpx.post(g.url + "/api/sessions", json={"ttl": 0.3}, headers=ADMIN).json()
+        assert httpx.post(s["base_url"] + "/chat/completions", json=MSG).status_code == 200
+        assert g.gateway.sessions  # live in memory
+        deadline = time.monotonic() + 10
+        status = "running"
+        while status == "running" and time.monotonic() < deadline:
+            time.sleep(0.05)  # the sweep runs on its own clock
+            # A list does not time sessions out itself (a GET of the session would).
+            info = httpx.get(g.url + "/api/sessions?status=timeout", headers=ADMIN).json()
+            status = "timeout" if info["sessions"] else "running"
+        assert status == "timeout"
+        assert not g.gateway.sessions  # gone from memory
+        metrics = httpx.get(g.url + "/metrics").text
+        assert "rollwire_sessions_expired_total 1" in metrics

@@ -55,7 +55,6 @@ __all__ = ["CallHandler", "Gateway"]
 log = logging.getLogger("rollwire.gateway")
 
 _MAX_CACHED_SESSIONS = 65_536  # live sessions kept in memory; idle ones past it are evicted
-_SWEEP_INTERVAL = 30.0  # seconds between sweeps of expired sessions out of that cache
 # Settings in the store that every gateway on it shares.
 _PAUSED = "gateway:paused"
 _POLICY_VERSION = "gateway:policy_version"
@@ -277,25 +276,35 @@ class Gateway:
             if not rec.terminal:  # a closed session needs no state: its calls get 409
                 self.sessions[session_id] = st
                 if len(self.sessions) > _MAX_CACHED_SESSIONS:
-                    self._evict(time.time())
+                    for old in self._evict(time.time()):
+                        self.spawn(self.expire(old))
         return st
 
-    def _evict(self, now: float) -> None:
-        """Drop expired sessions, then least recently used idle ones past the bound."""
+    def _evict(self, now: float) -> list[SessionRecord]:
+        """Drop expired sessions (returned, to be timed out), then least recently used idle ones
+        past the bound."""
+        expired = []
         for sid, st in list(self.sessions.items()):
             exp = st.record.expires_at
             if st.in_flight == 0 and exp is not None and exp < now:
                 del self.sessions[sid]
+                expired.append(st.record)
         # Down to 90% of the bound, so a gateway at the bound does not scan on every new session.
         excess = len(self.sessions) - _MAX_CACHED_SESSIONS * 9 // 10
         if excess > 0:
             for sid in [sid for sid, st in self.sessions.items() if st.in_flight == 0][:excess]:
                 del self.sessions[sid]
+                self.metrics.sessions_evicted += 1
+        return expired
 
     async def _sweep_sessions(self) -> None:
         while True:
-            await asyncio.sleep(_SWEEP_INTERVAL)
-            self._evict(time.time())
+            await asyncio.sleep(self.config.sweep_interval)
+            for rec in self._evict(time.time()):
+                # Abandoned: nobody completed it before its TTL. It becomes ``timeout`` now,
+                # not whenever someone happens to read it.
+                with contextlib.suppress(Exception):
+                    await self.expire(rec)
 
     async def expire(self, rec: SessionRecord) -> SessionRecord:
         """Give a running session past its TTL the status ``timeout`` (returns the record)."""
@@ -312,6 +321,7 @@ class Gateway:
         except SessionNotFound:
             return rec
         if changed:
+            self.metrics.sessions_expired += 1
             self.session_finished(new)
         return new
 

@@ -74,4 +74,5 @@ class GatewayConfig:
     #: seconds between reads of the state gateways share through the store (pause, policy
     #: version); a pause set through one gateway holds the others within this interval
     shared_state_interval: float = 0.5
-    private_metrics: bool = False  # /metrics and /health need the admin key too
+    private_metrics: bool = False
+    sweep_interval: float = 30.0  # seconds between sweeps that time out abandoned sessions  # /metrics and /health need the admin key too

@@ -63,6 +63,9 @@ class GatewayMetrics:
         self.errors: defaultdict[str, int] = defaultdict(int)
         #: calls of routed-experts sessions that came back without routing
         self.routing_missing = 0
+        #: sessions that ended by themselves: past their TTL (abandoned) / evicted from memory
+        self.sessions_expired = 0
+        self.sessions_evicted = 0
         self.latency = _Histogram(_LATENCY_BUCKETS_S)
         self.upstream_latency = _Histogram(_LATENCY_BUCKETS_S)
         self.commit_latency = _Histogram(_COMMIT_BUCKETS_S)
@@ -100,6 +103,14 @@ class GatewayMetrics:
             "experts that came back without them.",
             "# TYPE rollwire_routed_experts_missing_total counter",
             f"rollwire_routed_experts_missing_total {self.routing_missing}",
+            "# HELP rollwire_sessions_expired_total Abandoned sessions this gateway timed out "
+            "(past their TTL).",
+            "# TYPE rollwire_sessions_expired_total counter",
+            f"rollwire_sessions_expired_total {self.sessions_expired}",
+            "# HELP rollwire_sessions_evicted_total Idle sessions dropped from memory (they are "
+            "re-read from the store when used again).",
+            "# TYPE rollwire_sessions_evicted_total counter",
+            f"rollwire_sessions_evicted_total {self.sessions_evicted}",
             "# HELP rollwire_active_sessions Sessions with live state in this gateway.",
             "# TYPE rollwire_active_sessions gauge",
             f"rollwire_active_sessions {active_sessions}",
