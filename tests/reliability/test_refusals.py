@@ -210,9 +210,8 @@ def test_abandoned_sessions_time_out_and_are_counted() -> None:
         ServerThread(NullBackend()) as b,
         serve_in_thread(backends=[(b.url, "vllm")], admin_key=KEY, sweep_interval=0.05) as g,
     ):
-        s = httpx.post(g.url + "/api/sessions", json={"ttl": 0.3}, headers=ADMIN).json()
+        s = httpx.post(g.url + "/api/sessions", json={"ttl": 1.0}, headers=ADMIN).json()
         assert httpx.post(s["base_url"] + "/chat/completions", json=MSG).status_code == 200
-        assert g.gateway.sessions  # live in memory
         deadline = time.monotonic() + 10
         status = "running"
         while status == "running" and time.monotonic() < deadline:
