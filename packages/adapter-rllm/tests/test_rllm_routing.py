@@ -157,3 +157,27 @@ async def test_end_to_end_mixed_moe_batch(gateway: RunningGateway) -> None:
             np.testing.assert_array_equal(verl_decode_routing(seg["routing"]), last.routed_experts)
     rollout: Rollout = model.rollout(by_kind["forked"]["info"]["rollwire"]["rollout_id"])
     assert len(build_rows([rollout])) == 2
+
+
+async def _streaming_agent(payload: dict[str, Any]) -> float:
+    from rollwire.agent.context import async_openai_client
+
+    client = async_openai_client(payload)
+    stream = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "2+2?"}], stream=True
+    )
+    async for _ in stream:
+        pass
+    return 1.0
+
+
+async def test_streamed_passthrough_steps_carry_routing(gateway: RunningGateway) -> None:
+    flow = RollwireAgentFlow(
+        _streaming_agent, gateway=gateway, capture="passthrough", native=False, routed_experts=True
+    )
+    task = Task(id="t2", instruction="2+2?")
+    ep = await flow.arun(task, AgentConfig(base_url="-", model="policy", session_uid="t2:0"))
+    (step,) = ep["trajectories"][0]["steps"]
+    decoded = verl_decode_routing(step["routing_matrices"])
+    assert decoded is not None
+    assert decoded.shape[0] == len(step["prompt_ids"]) + len(step["response_ids"]) - 1

@@ -71,6 +71,8 @@ class RollwireAgentFlow:
     ``native``: return rLLM objects (default: when rLLM is importable) or the dict form.
     ``routing_format``: ``Step.routing_matrices`` for rLLM's verl backend (``"verl"``, default) or
     its Tinker/Fireworks path (``"tinker"``); see :mod:`rollwire_rllm.routing`.
+    ``routed_experts``: the model is MoE and trained with routing replay — the gateway then asks
+    streamed passthrough calls non-streamed so that every call carries routing.
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class RollwireAgentFlow:
         native: bool | None = None,
         gateway_options: Mapping[str, Any] | None = None,
         routing_format: RoutingFormat = "verl",
+        routed_experts: bool = False,
     ) -> None:
         if runner.partition(":")[0] == "local" and agent is None:
             raise ValueError(
@@ -116,6 +119,7 @@ class RollwireAgentFlow:
         self.tokenizer = tokenizer
         self.native = native
         self.routing_format: RoutingFormat = routing_format
+        self.routed_experts = routed_experts
         self.gateway_options = dict(gateway_options or {})
         self._lock = threading.Lock()
         self._embedded: Any = None
@@ -165,6 +169,7 @@ class RollwireAgentFlow:
             model=str(getattr(config, "model", None) or "policy"),
             deadline=self.deadline,
             failure_reward=self.failure_reward,
+            session_options={"routed_experts": True} if self.routed_experts else None,
         )
         (group,) = await client.arun([task])
         (rollout,) = group.rollouts

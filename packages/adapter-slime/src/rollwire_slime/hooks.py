@@ -90,6 +90,8 @@ class HookConfig:
     gateway_options: dict[str, Any] = field(default_factory=dict)
     router_url: str | None = None
     tokenizer_path: str | None = None
+    #: slime replays routing (``--use-rollout-routing-replay``): sessions ask for routed experts
+    routed_experts: bool = False
 
     @classmethod
     def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> HookConfig:
@@ -119,6 +121,7 @@ class HookConfig:
             gateway_options=dict(options),
             router_url=f"http://{ip}:{port}" if ip and port else None,
             tokenizer_path=getattr(args, "hf_checkpoint", None),
+            routed_experts=bool(getattr(args, "use_rollout_routing_replay", False)),
         )
 
 
@@ -333,6 +336,8 @@ def _client(cfg: HookConfig, group_size: int, sampling: Mapping[str, Any]) -> An
         concurrency=cfg.concurrency,
         deadline=cfg.deadline,
         failure_reward=cfg.failure_reward,
+        # streamed passthrough calls are then asked non-streamed, so routing is captured
+        session_options={"routed_experts": True} if cfg.routed_experts else None,
     )
 
 
