@@ -147,8 +147,8 @@ async def rows_tokenizer(
     loaded once per gateway. Only a local folder is loaded (a hub name is never downloaded here);
     without one, rows are built without a tokenizer and forks read ``unknown``.
     """
-    if backend is None:
-        return None
+    if backend is None or not backend.healthy:
+        return None  # a backend that is down is not waited for: rows without a tokenizer
     runtime = runtime_of(gateway)
     try:
         info = await runtime.describe(gateway.http, backend.url)
