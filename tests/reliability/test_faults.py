@@ -252,3 +252,26 @@ def test_agent_hanging_up_mid_stream_is_recorded(gw: RunningGateway) -> None:
         assert call.status == "failed" and not call.trainable
         assert "disconnect" in (call.error or "")
         assert _post(h.base_url).status_code == 200
+
+
+def test_agent_hanging_up_on_a_non_stream_call_is_recorded() -> None:
+    from rollwire.testing.null_backend import NullBackend
+
+    with (
+        ServerThread(NullBackend(delay=1.0)) as b,
+        serve_in_thread(backends=[(b.url, "vllm")], admin_key="k") as g,
+        g.client() as c,
+    ):
+        h = c.create_session()
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(h.base_url + "/chat/completions", json=MSG, timeout=0.3)
+        deadline = time.monotonic() + 15
+        calls = c.calls(h.session_id)
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.05)  # committed once the backend answers, after the hang-up
+            calls = c.calls(h.session_id)
+        (call,) = calls
+        assert not call.trainable and "client_disconnected" in call.flags
+        ok = httpx.post(h.base_url + "/chat/completions", json=MSG, timeout=30)
+        assert ok.status_code == 200
+        assert c.calls(h.session_id)[1].trainable

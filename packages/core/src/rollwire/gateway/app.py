@@ -66,6 +66,15 @@ CallHandler = Callable[
 ]
 
 
+async def _watch_hangup(receive: Any, hangup: asyncio.Event) -> None:
+    """Set ``hangup`` when the client disconnects (the request body was read already)."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            hangup.set()
+            return
+
+
 class Gateway:
     """The gateway's state and its ASGI entry point (``gateway.app`` or the instance itself)."""
 
@@ -402,11 +411,17 @@ class Gateway:
         self.in_flight += 1
         if self._drained is not None:
             self._drained.clear()
+        # The agent may hang up while the backend works: the call is then recorded as such.
+        hangup = asyncio.Event()
+        scope["rollwire.hangup"] = hangup
+        watcher = asyncio.ensure_future(_watch_hangup(receive, hangup))
         try:
             return await handler(self, scope, st, rest, raw), True
         except BaseException:
             self._call_over(st)
             raise
+        finally:
+            watcher.cancel()  # before the response runs: a stream listens for itself
 
     def _call_over(self, st: SessionState) -> None:
         st.in_flight -= 1

@@ -158,8 +158,15 @@ async def handle_request(
     t0 = time.perf_counter()
     started_at = time.time()
     attempt = st.register_attempt(raw, retry_count_of(scope))
+    hangup = scope.get("rollwire.hangup")
 
     async def commit(call: ModelCall) -> None:
+        if hangup is not None and hangup.is_set() and not call.stream:
+            # Nobody got this answer: the agent will not build on it, so it does not train.
+            call.trainable = False
+            if "client_disconnected" not in call.flags:
+                call.flags.append("client_disconnected")
+            call.error = call.error or "the agent hung up before the answer was ready"
         await commit_call(gw, st, call, attempt)
         if committed is not None:
             committed.append(call)
