@@ -9,12 +9,21 @@ the workspace venv has no vLLM and the root conftest leaves this folder out of c
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
+    # only when named explicitly (`uv run pytest tests/vllm`): the root conftest leaves the folder
+    # out of the workspace run, and an import error would not say what to do
+    raise pytest.UsageError(
+        "tests/vllm needs vLLM's CPU build and torch, which the workspace venv does not have: "
+        "run `bash tests/vllm/ci/setup-venv.sh && bash tests/vllm/ci/run-tests.sh`"
+    )
 
 from rollwire.engine import EmbeddedEngine, EngineConfig, ModelConfig, TinyModel
 from rollwire.engine.hf_export import save_hf
