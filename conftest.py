@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # The test-only trainer plugins (tests/fixture-plugin) are made visible to entry-point discovery
 # here, in the test process only: the folder holds the package and its .dist-info, so
@@ -33,3 +37,13 @@ def pytest_report_header() -> list[str]:
         f"not collected here: {path} (needs {', '.join(_SEPARATE[path][0])}; run {_SEPARATE[path][1]})"
         for path in collect_ignore
     ]
+
+
+@pytest.fixture(autouse=True)
+def _rollwire_log_level() -> Iterator[None]:
+    """Commands run in-process (typer's CliRunner) quiet the ``rollwire`` logger; put its level
+    back after each test, so a later test's log capture sees what the gateway logs."""
+    logger = logging.getLogger("rollwire")
+    level = logger.level
+    yield
+    logger.setLevel(level)

@@ -54,6 +54,7 @@ def test_admin_key_from_a_file_or_the_environment(
 
 def test_tokens_and_keys_are_never_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="rollwire")
     with (
         ServerThread(NullBackend()) as b,
         serve_in_thread(

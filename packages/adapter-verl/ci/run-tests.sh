@@ -12,5 +12,5 @@ fi
 cd "$ROOT"
 # Fail (not skip) when verl cannot be imported: the tests importorskip it for the workspace venv.
 "$VENV/bin/python" -c "import torch, verl; from verl import DataProto"
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider --import-mode=importlib \
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider --import-mode=importlib -n 0 \
   -c "$ROOT/pyproject.toml" --rootdir "$ROOT" "$ROOT/packages/adapter-verl/tests" "$@"

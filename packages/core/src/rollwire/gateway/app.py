@@ -43,7 +43,6 @@ from rollwire.gateway.control import build_control_app
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.foreign_results import SESSION_CONTROL_PATHS, foreign_result_routes
 from rollwire.gateway.metrics import GatewayMetrics
-from rollwire.gateway.sampling import apply_sampling, check_sampling
 from rollwire.gateway.security import TokenError, TokenSigner, new_secret
 from rollwire.gateway.sessions import SessionState
 from rollwire.gateway.ui import ui_routes
@@ -54,6 +53,10 @@ __all__ = ["CallHandler", "Gateway"]
 
 log = logging.getLogger("rollwire.gateway")
 
+_NO_TOKEN = (
+    "missing session token: use base_url {gateway}/s/<token>/v1 or "
+    "'Authorization: Bearer <token>' on /v1"
+)
 _MAX_CACHED_SESSIONS = 65_536  # live sessions kept in memory; idle ones past it are evicted
 # Settings in the store that every gateway on it shares.
 _PAUSED = "gateway:paused"
@@ -239,13 +242,7 @@ class Gateway:
     def authenticate_full(self, token: str | None) -> tuple[str, str | None]:
         """``(session id, incarnation or None)`` a data-plane token names (401 otherwise)."""
         if not token:
-            raise GatewayError(
-                401,
-                "missing session token: use base_url {gateway}/s/<token>/v1 or "
-                "'Authorization: Bearer <token>' on /v1",
-                "authentication_error",
-                "missing_token",
-            )
+            raise GatewayError(401, _NO_TOKEN, "authentication_error", "missing_token")
         try:
             return self.signer.verify_full(token)
         except TokenError as exc:
@@ -371,20 +368,9 @@ class Gateway:
     def apply_sampling(
         self, rec: SessionRecord, body: dict[str, Any]
     ) -> tuple[dict[str, Any], list[str]]:
-        """The session's sampling policy applied to ``body`` in place, plus the token budget.
-
-        Raises a 400 :class:`GatewayError` when the agent sent a parameter of the wrong type."""
-        try:
-            check_sampling(body)
-        except ValueError as exc:
-            raise GatewayError(400, str(exc), code="invalid_sampling_parameter") from exc
-        effective, flags = apply_sampling(body, rec.sampling, rec.sampling_policy)
-        if rec.max_tokens is not None:
-            left = max(1, rec.max_tokens - rec.num_tokens)
-            if body.get("max_tokens") is None or body["max_tokens"] > left:
-                body["max_tokens"] = left
-                effective["max_tokens"] = left
-        return effective, flags
+        """The session's sampling policy applied to ``body`` in place, plus the token budget
+        (:func:`rollwire.gateway.calls.session_sampling`)."""
+        return calls.session_sampling(rec, body)
 
     # ------------------------------------------------------------------ data plane
     async def _route(

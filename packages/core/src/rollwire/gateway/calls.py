@@ -28,15 +28,36 @@ from rollwire.gateway.dispatch import Commit, expect_routing, forward
 from rollwire.gateway.errors import GatewayError, error_response
 from rollwire.gateway.ports import GatewayPort
 from rollwire.gateway.relay import forward_stream, restream
-from rollwire.gateway.sampling import tool_choice_flags, trainable_with
+from rollwire.gateway.sampling import (
+    apply_sampling,
+    check_sampling,
+    tool_choice_flags,
+    trainable_with,
+)
 from rollwire.gateway.sessions import Attempt, SessionState
-from rollwire.store import StoreUnavailable
+from rollwire.store import SessionRecord, StoreUnavailable
 
 __all__ = ["check_budget", "handle_call", "handle_request", "internal_error", "models"]
 
 log = logging.getLogger("rollwire.gateway")
 
 _JSON = "application/json"
+
+
+def session_sampling(rec: SessionRecord, body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The session's sampling policy applied to ``body`` in place, plus the token budget:
+    (effective parameters, off-policy flags). A 400 when a parameter has the wrong type."""
+    try:
+        check_sampling(body)
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), code="invalid_sampling_parameter") from exc
+    effective, flags = apply_sampling(body, rec.sampling, rec.sampling_policy)
+    if rec.max_tokens is not None:
+        left = max(1, rec.max_tokens - rec.num_tokens)
+        if body.get("max_tokens") is None or body["max_tokens"] > left:
+            body["max_tokens"] = left
+            effective["max_tokens"] = left
+    return effective, flags
 
 
 def internal_error(gw: GatewayPort, exc: Exception, st: SessionState | None) -> Response:

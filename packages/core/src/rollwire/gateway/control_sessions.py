@@ -59,6 +59,20 @@ _CREATE_FIELDS = {
 }
 
 
+def _check_labels(body: dict[str, Any]) -> None:
+    """``session_id``, ``group_id`` and ``task_id``: bounded strings (a number becomes one)."""
+    for key in ("session_id", "group_id", "task_id"):
+        value = body.get(key)
+        if type(value) is int:
+            body[key] = str(value)  # a numeric task index names the task as well
+        elif value is not None and not isinstance(value, str):
+            raise GatewayError(400, f"{key} must be a string, got {value!r}", code="invalid_field")
+        elif isinstance(value, str) and len(value) > MAX_LABEL:
+            raise GatewayError(
+                400, f"{key} is over {MAX_LABEL} characters ({len(value)})", code="invalid_field"
+            )
+
+
 def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
     """The session a ``POST /api/sessions`` body asks for (400 on a field of the wrong kind)."""
     unknown = set(body) - _CREATE_FIELDS
@@ -77,16 +91,7 @@ def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
             raise GatewayError(
                 400, f"{key} must be an object, got {body[key]!r}", code="invalid_field"
             )
-    for key in ("session_id", "group_id", "task_id"):
-        value = body.get(key)
-        if type(value) is int:
-            body[key] = str(value)  # a numeric task index names the task as well
-        elif value is not None and not isinstance(value, str):
-            raise GatewayError(400, f"{key} must be a string, got {value!r}", code="invalid_field")
-        elif isinstance(value, str) and len(value) > MAX_LABEL:
-            raise GatewayError(
-                400, f"{key} is over {MAX_LABEL} characters ({len(value)})", code="invalid_field"
-            )
+    _check_labels(body)
     if body.get("session_id") is not None:
         check_session_id(body["session_id"])
     if body.get("metadata") and len(orjson.dumps(body["metadata"])) > MAX_METADATA:
