@@ -66,6 +66,10 @@ def test_demo_with_a_framework_agent(
     rollouts = read_jsonl(out / "rollouts.jsonl")
     assert len(rollouts) == 4 and all(r.status == "completed" and r.calls for r in rollouts)
     assert all(r.reward is not None and r.reward > -1.5 for r in rollouts)
+    # The frameworks stream; the demo's sessions still get routing on every call.
+    calls = [c for r in rollouts for c in r.calls]
+    assert any(c.stream for c in calls)
+    assert all(c.routed_experts is not None and c.routed_experts.shape[0] > 0 for c in calls)
 
 
 def test_export_adapter_errors_are_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -167,6 +167,9 @@ def run_demo(
             concurrency=concurrency,
             deadline=300.0,
             progress=progress,
+            # Frameworks that stream (Strands, LangGraph) still get routing: the gateway asks
+            # the engine non-streamed and re-streams the answer.
+            session_options={"routed_experts": True},
         )
         groups = client.run(make_tasks(tasks, "train", seed=seed))
         wall = time.monotonic() - started
