@@ -135,3 +135,18 @@ async def test_full_disk_is_store_unavailable(tmp_path: Path) -> None:
         assert len(await store.calls("s")) == 1
     finally:
         await store.close()
+
+
+async def test_store_url_caps_the_file(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:{tmp_path / 'cap.db'}?max_bytes=65536")
+    assert isinstance(store, SQLiteStore)
+    try:
+        await store.create_session(SessionRecord(session_id="s"))
+        from rollwire.store import StoreUnavailable
+
+        with pytest.raises(StoreUnavailable, match="disk is full"):
+            await store.append_call(make_call("s", [1], list(range(50_000))))
+    finally:
+        await store.close()
+    with pytest.raises(ValueError, match="max_bytes"):
+        open_store(f"sqlite:{tmp_path / 'x.db'}?max_byte=1")

@@ -48,14 +48,26 @@ def __getattr__(name: str) -> Any:
 def open_store(url: str | Store) -> Store:
     """A store from a URL: ``sqlite:PATH``, ``sqlite::memory:``, or ``redis://host:port/db``
     (``rediss://`` for TLS, ``unix://`` for a socket; ``?prefix=NAME:`` sets the key prefix).
-    A Store passes through."""
+    ``sqlite:PATH?max_bytes=N`` caps the SQLite file at N bytes. A Store passes through."""
     if not isinstance(url, str):
         return url
     if url.startswith("sqlite:"):
         path = url[len("sqlite:") :]
         if path.startswith("//"):
             path = path[2:]
-        return SQLiteStore(path or ":memory:")
+        path, sep, query = path.partition("?")
+        if not sep:
+            return SQLiteStore(path or ":memory:")
+        from urllib.parse import parse_qsl
+
+        options = dict(parse_qsl(query))
+        max_bytes = options.pop("max_bytes", None)
+        if options or max_bytes is None or not max_bytes.isdigit():
+            raise ValueError(
+                f"unknown options in store {url!r}: 'sqlite:PATH' takes only ?max_bytes=N "
+                "(a whole number of bytes)"
+            )
+        return SQLiteStore(path or ":memory:", max_bytes=int(max_bytes))
     if url.startswith(("redis:", "rediss:", "unix:")):
         from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 

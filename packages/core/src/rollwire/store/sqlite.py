@@ -89,7 +89,8 @@ _SELECT_CALLS = (
 class SQLiteStore(WriteBatch):
     """The embedded default store (see the module docstring). ``path=":memory:"`` uses a
     temporary file that is removed on :meth:`close`, so readers and the writer share it.
-    ``wal_limit_bytes`` bounds the WAL file between checkpoints."""
+    ``wal_limit_bytes`` bounds the WAL file between checkpoints; ``max_bytes`` caps the database
+    file (a write past it is refused as on a full disk: :class:`StoreUnavailable`, a 503)."""
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class SQLiteStore(WriteBatch):
         readers: int = 4,
         checkpoint_interval: float = 1.0,
         wal_limit_bytes: int = 64 * 1024 * 1024,
+        max_bytes: int | None = None,
     ) -> None:
         self._tmpdir: str | None = None
         if path in (":memory:", ""):
@@ -115,6 +117,7 @@ class SQLiteStore(WriteBatch):
             readers=readers,
             checkpoint_interval=checkpoint_interval,
             wal_limit_bytes=wal_limit_bytes,
+            max_bytes=max_bytes,
         )
 
     def __repr__(self) -> str:

@@ -68,10 +68,12 @@ class SQLiteConnections:
         readers: int = 4,
         checkpoint_interval: float = 1.0,
         wal_limit_bytes: int = 64 * 1024 * 1024,
+        max_bytes: int | None = None,
     ) -> None:
         self.path = path
         self._hooks = hooks
         self._wal_limit = int(wal_limit_bytes)
+        self._max_bytes = None if max_bytes is None else int(max_bytes)
         init = self.connect()  # before any thread opens the file (it may become WAL now)
         init.executescript(schema)
         init.close()
@@ -103,6 +105,10 @@ class SQLiteConnections:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=10000")
         conn.execute(f"PRAGMA journal_size_limit={self._wal_limit}")
+        if self._max_bytes is not None:
+            # A write that would grow the file past this is SQLITE_FULL, as on a full disk.
+            page = conn.execute("PRAGMA page_size").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count={max(1, self._max_bytes // page)}")
         return conn
 
     # ----------------------------------------------------------------- reads
