@@ -8,9 +8,8 @@ itself; what it sees is the deadline passing with no completion, and the record 
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -26,56 +25,54 @@ DEADLINE = 4.0
 GRACE = 1.0
 
 
-def _serve_crashing_agent(port: int, how: str) -> None:
-    """The child: a RolloutApp under uvicorn whose handler makes one model call, then dies."""
-    import uvicorn
+AGENT = """
+import os, signal, sys
+import openai  # imported before serving: seconds on a busy machine, not in the rollout
+import uvicorn
+from rollwire.agent.app import RolloutApp
+from rollwire.agent.context import openai_client
 
-    from rollwire.agent.app import RolloutApp
-    from rollwire.agent.context import openai_client
+app = RolloutApp()
 
-    app = RolloutApp()
+@app.entrypoint
+def handler(payload):
+    openai_client(payload).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "first turn"}]
+    )
+    if sys.argv[2] == "exit":
+        os._exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)
 
-    @app.entrypoint
-    def handler(payload: dict[str, object]) -> dict[str, object]:
-        client = openai_client(payload)
-        client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "first turn"}]
-        )
-        if how == "exit":
-            os._exit(1)
-        os.kill(os.getpid(), signal.SIGKILL)
-        return {}
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+"""
 
 
 @pytest.fixture(params=["exit", "sigkill"])
-def crashing_agent(request: pytest.FixtureRequest) -> Iterator[tuple[str, multiprocessing.Process]]:
+def crashing_agent(request: pytest.FixtureRequest) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A RolloutApp under uvicorn in its own process (spawned, not forked from a test worker
+    with threads) whose handler makes one model call, then dies."""
     port = free_port()
-    proc = multiprocessing.get_context("fork").Process(
-        target=_serve_crashing_agent, args=(port, request.param), daemon=True
-    )
-    proc.start()
+    proc = subprocess.Popen([sys.executable, "-c", AGENT, str(port), request.param])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + 60.0
         while True:
-            assert proc.is_alive(), f"agent exited with {proc.exitcode} before serving"
+            assert proc.poll() is None, f"agent exited with {proc.returncode} before serving"
             try:
                 if httpx.get(url + "/ping", timeout=1.0).status_code == 200:
                     break
             except httpx.HTTPError:
-                assert time.monotonic() < deadline, "agent did not come up in 30 s"
+                assert time.monotonic() < deadline, "agent did not come up in 60 s"
                 time.sleep(0.02)  # no event says a child process started listening
         yield url, proc
     finally:
-        if proc.is_alive():
+        if proc.poll() is None:
             proc.kill()
-        proc.join(5)
+        proc.wait(5)
 
 
 def test_agent_crash_gives_a_failed_record_by_deadline_plus_grace(
-    crashing_agent: tuple[str, multiprocessing.Process],
+    crashing_agent: tuple[str, subprocess.Popen[bytes]],
 ) -> None:
     url, proc = crashing_agent
     with ServerThread(NullBackend()) as backend:
@@ -91,8 +88,7 @@ def test_agent_crash_gives_a_failed_record_by_deadline_plus_grace(
         t = time.monotonic()
         (group,) = client.run([{"prompt": "crash"}])
         took = time.monotonic() - t
-    proc.join(5)
-    assert not proc.is_alive() and proc.exitcode != 0  # the agent really died
+    assert proc.wait(5) != 0  # the agent really died
     (rollout,) = group.rollouts
     assert rollout.terminal and rollout.status == "timeout", (rollout.status, rollout.error)
     assert rollout.completed_at is not None

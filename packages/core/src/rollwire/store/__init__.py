@@ -55,12 +55,12 @@ def open_store(url: str | Store) -> Store:
         path = url[len("sqlite:") :]
         if path.startswith("//"):
             path = path[2:]
-        path, sep, query = path.partition("?")
+        path, sep, options_text = path.partition("?")
         if not sep:
             return SQLiteStore(path or ":memory:")
         from urllib.parse import parse_qsl
 
-        options = dict(parse_qsl(query))
+        options = dict(parse_qsl(options_text))
         max_bytes = options.pop("max_bytes", None)
         if options or max_bytes is None or not max_bytes.isdigit():
             raise ValueError(
