@@ -248,7 +248,7 @@ def test_tokens_mode_one_row_zero_forks(
     assert calls[0].routed_experts is not None and calls[0].routed_experts.shape[1:] == (4, 2)
     assert calls[0].logprobs_mode == "raw" and calls[0].finish_reason == "tool_calls"
     assert calls[3].finish_reason == "stop"
-    assert calls[2].response["choices"][0]["message"]["content"] == "Booking now."
+    assert calls[2].response["choices"][0]["message"]["content"] == "Booking now.\n"
 
 
 def test_tokens_mode_streaming(gateway: RunningGateway, renderer: ChatRenderer) -> None:

@@ -51,7 +51,7 @@ def test_hermes_content_reasoning_and_calls() -> None:
     )
     p = HermesParser().parse(text, TOOLS)
     assert not p.ill_formed
-    assert p.reasoning == "search first" and p.content == "Let me look."
+    assert p.reasoning == "search first" and p.content == "Let me look.\n"
     assert [c["function"]["name"] for c in p.tool_calls] == ["search", "book"]
     assert _args(p.tool_calls[0]) == {"query": "x", "filters": {"a": [1, 2]}}
     assert _args(p.tool_calls[1]) == {"item": 7}
@@ -81,11 +81,34 @@ def test_qwen3_coder_parser_uses_schema_types() -> None:
         '<parameter=filters>\n{"a": 1}\n</parameter>\n</function>\n</tool_call>'
     )
     p = Qwen3CoderParser().parse(text, TOOLS)
-    assert not p.ill_formed and p.content == "I'll book it."
+    assert not p.ill_formed and p.content == "I'll book it.\n"
     assert _args(p.tool_calls[0]) == {"item": 7}
     assert _args(p.tool_calls[1]) == {"query": "42", "filters": {"a": 1}}  # string stays string
     bad = Qwen3CoderParser().parse("<tool_call>\n<function=book>\n<parameter=item>\n7\n", TOOLS)
     assert bad.ill_formed
+
+
+@pytest.mark.parametrize(
+    ("parser", "block"),
+    [
+        (HermesParser(), '<tool_call>\n{"name": "book", "arguments": {"item": 7}}\n</tool_call>'),
+        (
+            Qwen3CoderParser(),
+            "<tool_call>\n<function=book>\n<parameter=item>\n7\n</parameter>\n</function>\n"
+            "</tool_call>",
+        ),
+    ],
+    ids=["hermes", "qwen3_coder"],
+)
+def test_content_before_tool_calls_is_the_sampled_text(parser: Any, block: str) -> None:
+    before = " \n  I'll\t book\n\n it.  \n\n"
+    p = parser.parse(before + block + "\n \n" + block + "\n", TOOLS)
+    assert not p.ill_formed and p.content == before  # byte for byte
+    assert [_args(c) for c in p.tool_calls] == [{"item": 7}, {"item": 7}]
+    # only whitespace before the first block reads null, as OpenAI servers answer
+    assert parser.parse("\n  \n" + block, TOOLS).content is None
+    thought = parser.parse("<think>\nhm\n</think>\n\n  Sure. \n" + block, TOOLS)
+    assert thought.reasoning == "hm" and thought.content == "  Sure. \n"
 
 
 def test_detect_parser(renderer: ChatRenderer) -> None:

@@ -25,9 +25,21 @@ TOOLS = [
 
 
 SPACED = "  Spaced out.\n"
+ADD = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+# Three sampled turns of a tool conversation: text before the tool calls with whitespace at both
+# ends and inside, whitespace between and after two blocks, then a final answer.
+TOOL_TURNS = [
+    "  Let me\n\n  add that up.  \n\n" + ADD + "\n \n" + ADD + "\n",
+    "\tOnce more:\n" + ADD,
+    " Done: 2. \n",
+]
+BEFORE_CALLS = ["  Let me\n\n  add that up.  \n\n", "\tOnce more:\n", " Done: 2. \n"]
 
 
 def _script(messages: list[dict[str, Any]], tools: Any) -> str:
+    first_user = next((m for m in messages if m.get("role") == "user"), {})
+    if "tool spaces" in str(first_user.get("content")):
+        return TOOL_TURNS[sum(1 for m in messages if m.get("role") == "assistant")]
     return SPACED if messages[-1].get("content") == "spaces" else "Hello there."
 
 
@@ -97,3 +109,58 @@ def test_content_keeps_the_sampled_whitespace(stack: RunningGateway) -> None:
         oai.chat.completions.create(model="policy", messages=history)  # type: ignore[arg-type]
         rows = c.trajectory(h.session_id)
         assert len(rows) == 1
+
+
+def _tool_conversation(oai: openai.OpenAI, stream: bool) -> list[dict[str, Any]]:
+    """Three calls; each reply is appended exactly as the agent got it, tool results after."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "tool spaces"}]
+    for k, expected in enumerate(BEFORE_CALLS):
+        if stream:
+            content, calls = "", {}
+            for chunk in oai.chat.completions.create(  # type: ignore[call-overload]
+                model="policy", messages=messages, tools=TOOLS, stream=True, max_tokens=200
+            ):
+                for ch in chunk.choices:
+                    content += ch.delta.content or ""
+                    for d in ch.delta.tool_calls or []:
+                        calls[d.index] = {
+                            "id": d.id,
+                            "type": "function",
+                            "function": {"name": d.function.name, "arguments": d.function.arguments},
+                        }
+            msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+            if calls:
+                msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+        else:
+            r = oai.chat.completions.create(
+                model="policy",
+                messages=messages,  # type: ignore[arg-type]
+                tools=TOOLS,  # type: ignore[arg-type]
+                max_tokens=200,
+            )
+            msg = r.choices[0].message.model_dump(exclude_none=True)
+        assert msg["content"] == expected  # byte for byte, whitespace and all
+        assert len(msg.get("tool_calls") or ()) == [2, 1, 0][k]
+        messages.append(msg)
+        for call in msg.get("tool_calls") or ():
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "2"})
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_content_before_tool_calls_is_exact_and_still_heals(
+    stack: RunningGateway, renderer: Any, stream: bool
+) -> None:
+    with stack.client() as c:
+        h = c.create_session(capture="tokens")
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        _tool_conversation(oai, stream)
+        calls = c.calls(h.session_id)
+        rows = c.trajectory(h.session_id)
+    assert [(call.branch, call.fork_reason) for call in calls] == [(0, None)] * 3
+    assert len(rows) == 1 and rows[0].fork is None
+    # the row holds every sampled token once, whitespace between and after the blocks included
+    sampled = [[*renderer.encode(t).tolist(), renderer.eos_id] for t in TOOL_TURNS]
+    assert [call.completion_ids.tolist() for call in calls] == sampled
+    mask = rows[0].loss_mask.astype(bool)
+    assert rows[0].response_ids[mask].tolist() == [i for ids in sampled for i in ids]

@@ -86,7 +86,13 @@ def _tool_call(name: str, arguments: Any) -> dict[str, Any]:
 
 def _content(text: str) -> str | None:
     """A reply's content exactly as sampled (the agent must see what the policy produced), or
-    None when it is only whitespace."""
+    None when it is only whitespace.
+
+    Before a tool call this is the text before the first block, byte for byte (the newline the
+    template writes between content and ``<tool_call>`` included, when the model sampled it).
+    Whitespace between and after the blocks has no place in an OpenAI message: it is dropped from
+    the answer, stays in the sampled ids, and healing reuses those ids, so the trainer sees it.
+    """
     return text if text.strip() else None
 
 
@@ -154,7 +160,7 @@ class HermesParser:
             pos = m.end()
         if rest[pos:].strip():
             return _bad(text, "unclosed <tool_call> block or text after the tool calls")
-        content = rest[:first].strip() or None
+        content = _content(rest[:first])
         return ParsedCompletion(content=content, reasoning=reasoning, tool_calls=calls)
 
 
@@ -228,7 +234,7 @@ class Qwen3CoderParser:
             calls.append(_tool_call(name, args))
         if body.count("<tool_call>") != body.count("</tool_call>"):
             return _bad(text, "unbalanced <tool_call> tags")
-        content = rest[:first].strip() or None
+        content = _content(rest[:first])
         return ParsedCompletion(content=content, reasoning=reasoning, tool_calls=calls)
 
 
