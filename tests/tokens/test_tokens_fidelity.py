@@ -126,7 +126,10 @@ def _tool_conversation(oai: openai.OpenAI, stream: bool) -> list[dict[str, Any]]
                         calls[d.index] = {
                             "id": d.id,
                             "type": "function",
-                            "function": {"name": d.function.name, "arguments": d.function.arguments},
+                            "function": {
+                                "name": d.function.name,
+                                "arguments": d.function.arguments,
+                            },
                         }
             msg: dict[str, Any] = {"role": "assistant", "content": content or None}
             if calls:
