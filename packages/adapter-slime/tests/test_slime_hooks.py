@@ -219,3 +219,46 @@ def test_hooks_need_an_agent(router: EmbeddedEngine, slime_stub: None) -> None:
     args = _args(router, None)
     with pytest.raises(ValueError, match="ROLLWIRE_AGENT"):
         rollwire_slime.hooks._runner(HookConfig.from_args(args, {}))
+
+
+async def graded_agent(payload: dict[str, Any]) -> dict[str, Any]:
+    """One call; reward 0.25 for slime group 0 and 0.75 for group 1, solved in group 1 only."""
+    client = async_openai_client(payload)
+    msgs: list[Any] = [{"role": "user", "content": payload["prompt"]}]
+    await client.chat.completions.create(model="policy", messages=msgs)
+    g = int(payload["slime_group_index"])
+    return {"reward": 0.25 + 0.5 * g, "metrics": {"solved": float(g)}}
+
+
+def test_generate_rollout_logs_each_step_to_the_metrics_sink(
+    router: EmbeddedEngine, slime_stub: None, tmp_path: Any
+) -> None:
+    from rollwire.metrics_sinks.step_logger import close_shared_loggers
+    from rollwire.testing.tensorboard import read_scalars
+
+    class DataSource:
+        def get_samples(self, n: int) -> list[list[SimpleNamespace]]:
+            return [[_sample(2 * g + k, g) for k in range(2)] for g in range(n)]
+
+    args = _args(router, graded_agent, rollwire_metrics=f"tensorboard:{tmp_path / 'tb'}")
+    for rollout_id in (3, 4):  # slime's rollout step numbers are the sink's steps
+        generate_rollout(args, rollout_id, DataSource())
+    close_shared_loggers()
+    steps = read_scalars(tmp_path / "tb")
+    assert sorted(steps) == [3, 4]
+    for m in steps.values():
+        assert m["rollwire/rollouts/total"] == 4 and m["rollwire/rollouts/groups"] == 2
+        assert m["rollwire/reward/mean"] == pytest.approx(0.5)  # (0.25 * 2 + 0.75 * 2) / 4
+        assert m["rollwire/reward/std"] == pytest.approx(0.25)
+        assert m["rollwire/solve_rate"] == pytest.approx(0.5)
+        assert m["rollwire/turns/mean"] == 1.0 and m["rollwire/calls/total"] == 4
+        assert m["rollwire/calls/failed"] == 0 and m["rollwire/forks/total"] == 0
+        assert m["rollwire/tokens/response"] > 0 and m["rollwire/calls/per_s"] > 0
+
+
+def test_hook_config_metrics_from_env_or_args() -> None:
+    assert HookConfig.from_args(SimpleNamespace(), {}).metrics is None
+    env = {"ROLLWIRE_METRICS": "mlflow:mlruns"}
+    assert HookConfig.from_args(SimpleNamespace(), env).metrics == "mlflow:mlruns"
+    args = SimpleNamespace(rollwire_metrics="tensorboard:tb")
+    assert HookConfig.from_args(args, env).metrics == "tensorboard:tb"

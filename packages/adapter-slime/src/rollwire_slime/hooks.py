@@ -22,6 +22,7 @@ from typing import Any
 
 from rollwire.data.protocol import CaptureMode, Rollout
 from rollwire.data.trajectory import BuildMode, TrajectoryBuilder
+from rollwire.metrics_sinks.step_logger import metrics_spec
 from rollwire_slime.groups import apply_dynamic_filter, refuse_group_reading_paths
 from rollwire_slime.samples import (
     METADATA_KEY,
@@ -75,7 +76,9 @@ class HookConfig:
     ``ray[:ADDRESS]``, ``agentcore:ARN``). ``gateway_url`` + ``admin_key``: use a running gateway;
     unset, an in-process gateway is started once per process over slime's router
     (``http://{sglang_router_ip}:{sglang_router_port}``, kind ``sglang``), with
-    ``gateway_options`` (JSON) passed to its config.
+    ``gateway_options`` (JSON) passed to its config. ``metrics``: a metrics sink
+    (``tensorboard:DIR``, ``mlflow:URI_OR_DIR``, ``wandb:DIR``) that ``generate_rollout`` logs each
+    rollout step's statistics to (at slime's ``rollout_id``); unset, nothing is logged.
     """
 
     agent: Any = None
@@ -92,6 +95,7 @@ class HookConfig:
     tokenizer_path: str | None = None
     #: slime replays routing (``--use-rollout-routing-replay``): sessions ask for routed experts
     routed_experts: bool = False
+    metrics: str | None = None
 
     @classmethod
     def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> HookConfig:
@@ -122,6 +126,7 @@ class HookConfig:
             router_url=f"http://{ip}:{port}" if ip and port else None,
             tokenizer_path=getattr(args, "hf_checkpoint", None),
             routed_experts=bool(getattr(args, "use_rollout_routing_replay", False)),
+            metrics=metrics_spec(_setting(args, "metrics", env)),
         )
 
 
@@ -388,11 +393,11 @@ def _default_sampling(args: Any) -> dict[str, Any]:
 
 
 async def collect_groups(
-    args: Any, groups: list[list[Any]], cfg: HookConfig
+    args: Any, groups: list[list[Any]], cfg: HookConfig, step: int | None = None
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """Run slime's prompt groups through rollwire; the sample dicts ``[group][sample]`` (a forked
     rollout's rows consecutive) in the order of ``groups``, and rollwire's run statistics as slime
-    metrics."""
+    metrics. With ``cfg.metrics``, the batch's statistics are logged there at ``step``."""
     if not groups:
         return [], {}
     n = len(groups[0])
@@ -434,6 +439,16 @@ async def collect_groups(
             )
         out.append(flat)
     stats = client.stats
+    if cfg.metrics:
+        from rollwire.metrics_sinks.step_logger import shared_step_logger
+
+        rows_by = {
+            r.rollout_id: rows for g, b in zip(done_groups, built) for r, rows in zip(g or [], b)
+        }
+        rollouts = [r for g in done_groups for r in g or []]
+        shared_step_logger(cfg.metrics).log_groups(
+            rollouts, step, rows_by_rollout=rows_by, wall_s=stats.wall_s
+        )
     metrics = {
         "rollwire/rollouts": stats.rollouts,
         "rollwire/failed": stats.failed,
@@ -466,6 +481,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     them as ``[group][sample]`` Samples — flat groups, a forked rollout contributing several that
     share ``rollout_id`` — filtered by ``--dynamic-sampling-filter-path`` when set (a
     ``RolloutFnTrainOutput`` with rollwire's counters as metrics when slime has that type).
+    With ``ROLLWIRE_METRICS`` set, the step's statistics are logged there at ``rollout_id``.
     Evaluation is delegated to slime's default rollout, which calls
     ``--custom-generate-function-path`` per sample.
     """
@@ -476,7 +492,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     cfg = HookConfig.from_args(args)
     sample_cls = import_sample_class()
     groups = data_source.get_samples(int(getattr(args, "rollout_batch_size", 1)))
-    nested, metrics = _run(collect_groups(args, groups, cfg))
+    nested, metrics = _run(collect_groups(args, groups, cfg, step=int(rollout_id)))
     samples = [[sample_cls.from_dict(d) for d in g] for g in nested]
     samples = apply_dynamic_filter(args, samples, metrics)
     try:
