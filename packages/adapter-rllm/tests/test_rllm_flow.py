@@ -164,3 +164,51 @@ def test_task_shapes() -> None:
     assert rllm_task("just text") == {"prompt": "just text"}
     with pytest.raises(ValueError, match="agent"):
         RollwireAgentFlow(None)
+
+
+graded = RolloutApp()
+
+
+@graded.rollout_entrypoint
+async def graded_agent(payload: dict[str, Any]) -> dict[str, Any]:
+    """One call; the task's ``reward`` is the reward, solved when it is 1."""
+    client = async_openai_client(payload)
+    msgs: list[Any] = [{"role": "user", "content": payload["prompt"]}]
+    await client.chat.completions.create(model="policy", messages=msgs)
+    reward = float(payload["reward"])
+    return {"reward": reward, "metrics": {"solved": float(reward == 1.0)}}
+
+
+async def test_training_rollouts_are_logged_every_n_as_one_step(
+    gateway: RunningGateway, tmp_path: Any
+) -> None:
+    from rollwire.metrics_sinks.step_logger import close_shared_loggers
+    from rollwire.testing.tensorboard import read_scalars
+
+    spec = f"tensorboard:{tmp_path / 'tb'}"
+    flow = RollwireAgentFlow(graded, gateway=gateway, native=False, metrics=spec, metrics_every=3)
+    rewards = [1.0, 0.0, 0.5, 1.0, 0.25]
+    for i, reward in enumerate(rewards):
+        config = AgentConfig(base_url="http://127.0.0.1:9/v1", model="policy", session_uid=f"t:{i}")
+        await flow.arun({"prompt": "2+2?", "task_id": "t", "reward": reward}, config)
+    val = AgentConfig(base_url="", model="policy", session_uid="v:0", is_validation=True)
+    await flow.arun({"prompt": "2+2?", "task_id": "v", "reward": 0.0}, val)  # not logged
+    flow.close()  # logs the last two as step 1
+    close_shared_loggers()
+    steps = read_scalars(tmp_path / "tb")
+    assert sorted(steps) == [0, 1]
+    first, rest = steps[0], steps[1]
+    assert first["rollwire/rollouts/total"] == 3 and rest["rollwire/rollouts/total"] == 2
+    assert first["rollwire/reward/mean"] == pytest.approx(0.5)
+    assert first["rollwire/reward/std"] == pytest.approx(float(np.std([1.0, 0.0, 0.5])))
+    assert first["rollwire/solve_rate"] == pytest.approx(1 / 3)
+    assert rest["rollwire/reward/mean"] == pytest.approx(0.625)
+    assert rest["rollwire/solve_rate"] == pytest.approx(0.5)
+    for m in (first, rest):
+        assert m["rollwire/turns/mean"] == 1.0 and m["rollwire/calls/failed"] == 0
+        assert m["rollwire/tokens/response"] > 0
+
+
+def test_metrics_every_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="ROLLWIRE_METRICS_EVERY must be a positive integer"):
+        RollwireAgentFlow(app, gateway="http://x", admin_key="k", metrics_every=0)

@@ -19,6 +19,7 @@ from typing import Any
 
 from rollwire.data.protocol import CaptureMode, Rollout
 from rollwire.data.trajectory import BuildMode, TokenizerLike
+from rollwire.metrics_sinks import step_logger
 from rollwire_rllm.episodes import (
     INFO_KEY,
     episode_from_dict,
@@ -73,6 +74,11 @@ class RollwireAgentFlow:
     its Tinker/Fireworks path (``"tinker"``); see :mod:`rollwire_rllm.routing`.
     ``routed_experts``: the model is MoE and trained with routing replay — the gateway then asks
     streamed passthrough calls non-streamed so that every call carries routing.
+    ``metrics``: a metrics sink (``tensorboard:DIR``, ``mlflow:URI_OR_DIR``, ``wandb:DIR``; default
+    ``$ROLLWIRE_METRICS``, unset: none). rLLM hands a flow one rollout at a time and no trainer
+    step, so every ``metrics_every`` training rollouts (default ``$ROLLWIRE_METRICS_EVERY``, else
+    64) are logged as one step; :meth:`flush_metrics` logs the rest (``close`` calls it).
+    Validation rollouts are not logged.
     """
 
     def __init__(
@@ -94,6 +100,8 @@ class RollwireAgentFlow:
         gateway_options: Mapping[str, Any] | None = None,
         routing_format: RoutingFormat = "verl",
         routed_experts: bool = False,
+        metrics: str | None = None,
+        metrics_every: int | None = None,
     ) -> None:
         if runner.partition(":")[0] == "local" and agent is None:
             raise ValueError(
@@ -121,6 +129,8 @@ class RollwireAgentFlow:
         self.routing_format: RoutingFormat = routing_format
         self.routed_experts = routed_experts
         self.gateway_options = dict(gateway_options or {})
+        self.metrics = step_logger.metrics_spec(metrics)
+        self.metrics_every = step_logger.metrics_every(metrics_every)
         self._lock = threading.Lock()
         self._embedded: Any = None
         self._local_runner: Any = None
@@ -205,7 +215,19 @@ class RollwireAgentFlow:
     async def arun(self, task: Any, config: Any = None) -> Any:
         """Run the agent on ``task`` through rollwire; the Episode of what the policy sampled."""
         rollout = await self._rollout(rllm_task(task), config)
+        if self.metrics and not getattr(config, "is_validation", False):
+            self._metrics_logger().add(rollout)
         return self.episode(rollout, task, config)
+
+    def _metrics_logger(self) -> step_logger.StepLogger:
+        assert self.metrics is not None
+        return step_logger.shared_step_logger(
+            self.metrics, every=self.metrics_every, tokenizer=self.tokenizer
+        )
+
+    def flush_metrics(self) -> dict[str, float] | None:
+        """Log the training rollouts not yet logged as one step (at a trainer step's end)."""
+        return self._metrics_logger().flush() if self.metrics else None
 
     def run(self, task: Any, config: Any = None) -> Any:
         """Blocking :meth:`arun` (rLLM runs a sync flow in a worker thread, without a loop)."""
@@ -218,7 +240,8 @@ class RollwireAgentFlow:
         )
 
     def close(self) -> None:
-        """Stop the in-process gateway, if this flow started one."""
+        """Log the rollouts not yet logged; stop the in-process gateway, if this flow started one."""
+        self.flush_metrics()
         with self._lock:
             gw, self._embedded = self._embedded, None
         if gw is not None:

@@ -189,16 +189,23 @@ _SHARED: dict[tuple[str, int, str], StepLogger] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_step_logger(spec: str, *, every: int = 64, prefix: str = "rollwire/") -> StepLogger:
+def shared_step_logger(
+    spec: str,
+    *,
+    every: int = 64,
+    prefix: str = "rollwire/",
+    tokenizer: TokenizerLike | None = None,
+) -> StepLogger:
     """The process's logger for ``spec`` (made on first use, flushed and closed at exit).
 
     Hooks are plain functions or objects a trainer makes per sample, so the sink is kept here.
+    ``tokenizer`` (used when the logger is made) classifies forks of rollouts logged without rows.
     """
     key = (spec, every, prefix)
     with _SHARED_LOCK:
         logger = _SHARED.get(key)
         if logger is None:
-            logger = StepLogger(make_sink(spec), every=every, prefix=prefix)
+            logger = StepLogger(make_sink(spec), every=every, prefix=prefix, tokenizer=tokenizer)
             _SHARED[key] = logger
     return logger
 
