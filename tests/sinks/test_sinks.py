@@ -12,6 +12,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,3 +143,58 @@ def test_run_and_eval_log_to_a_sink(tmp_path: Path) -> None:
     ev = _tensorboard_scalars(tmp_path / "tb-eval")
     assert set(ev) >= {"eval/temperature=0/pass@2", "eval/temperature=1/mean_reward"}
     assert 0.0 <= ev["eval/temperature=1/success_rate"] <= 1.0
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float]]] = []
+        self.tags: dict[str, str] = {}
+        self.closed = 0
+
+    def log(self, metrics: Any, step: int) -> None:
+        self.logged.append((step, dict(metrics)))
+
+    def set_tags(self, tags: Any) -> None:
+        self.tags.update(tags)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_step_logger_aggregates_by_step_or_every_n() -> None:
+    from rollwire.metrics_sinks import StepLogger
+    from rollwire.testing.samples import merged_rollout
+
+    sink = _Recording()
+    logger = StepLogger(sink, every=2)
+    assert logger.add(merged_rollout("a", reward=1.0), step=3) is None
+    logger.add(merged_rollout("b", reward=0.0), step=3)  # same step: still buffered
+    logged = logger.add(merged_rollout("c", reward=0.5), step=4)  # a new step logs step 3
+    assert logged is not None and logged["rollwire/reward/mean"] == 0.5
+    assert [s for s, _ in sink.logged] == [3]
+    logger.add(merged_rollout("d", reward=1.0))  # no step: a new buffer (step 4 logged first)
+    logger.add(merged_rollout("e", reward=0.0))  # every=2 rollouts without a step: logged
+    assert [(s, m["rollwire/rollouts/total"]) for s, m in sink.logged] == [(3, 2), (4, 1), (5, 2)]
+    assert logger.flush() is None
+    with_version = merged_rollout("f")
+    for call in with_version.calls:
+        call.policy_version = "7"
+    logger.log_groups([with_version])
+    assert sink.logged[-1][0] == 6 and sink.logged[-1][1]["rollwire/policy/version"] == 7.0
+    assert sink.tags == {"policy_version": "7"}
+    logger.close()
+    logger.close()
+    assert sink.closed == 1
+
+
+def test_metrics_spec_and_every_from_the_environment() -> None:
+    from rollwire.metrics_sinks import metrics_every, metrics_spec
+
+    assert metrics_spec(None, {}) is None and metrics_spec(None, {"ROLLWIRE_METRICS": " "}) is None
+    assert metrics_spec(None, {"ROLLWIRE_METRICS": "tensorboard:tb"}) == "tensorboard:tb"
+    assert metrics_spec("mlflow:m", {"ROLLWIRE_METRICS": "tensorboard:tb"}) == "mlflow:m"
+    assert (
+        metrics_every(None, {}) == 64 and metrics_every(None, {"ROLLWIRE_METRICS_EVERY": "8"}) == 8
+    )
+    with pytest.raises(ValueError, match="positive integer, got 'x'"):
+        metrics_every(None, {"ROLLWIRE_METRICS_EVERY": "x"})

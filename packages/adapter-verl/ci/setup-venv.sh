@@ -20,7 +20,8 @@ RUNTIME_DEPS=(
   "hydra-core" "pillow" "codetiming" "datasets" "cachetools" "fastapi" "uvicorn" "numpy" "pandas"
   "pyarrow" "dill" "torchdata" "peft"
 )
-TEST_DEPS=("pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "hypothesis>=6.100")
+TEST_DEPS=("pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "hypothesis>=6.100"
+  "tensorboard>=2.18")  # the metrics-sink test reads the loop's steps back with TensorBoard's reader
 
 log() { printf '[setup-venv] %s\n' "$*"; }
 t0=$SECONDS
@@ -34,6 +35,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa
 from verl.trainer.ppo.ray_trainer import compute_advantage, compute_response_mask  # noqa
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty, RayPPOTrainer  # noqa
 import pytest, pytest_asyncio, pytest_timeout, xdist, hypothesis  # noqa
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa
 PY
 }
 
@@ -53,7 +55,7 @@ else
   log "pip install --no-deps verl==$VERL_VERSION"
   "$PY" -m pip install -q --no-deps "verl==$VERL_VERSION"
   log "pip install -c torch==$TORCH_VERSION ${RUNTIME_DEPS[*]} ${TEST_DEPS[*]}"
-  log "(pip then lists verl dependencies left out on purpose: wandb, tensorboard, ...)"
+  log "(pip then lists verl dependencies left out on purpose: wandb, ...)"
   "$PY" -m pip install -q -c "$CONSTRAINTS" "${RUNTIME_DEPS[@]}" "${TEST_DEPS[@]}"
   if ! check_imports; then
     log "verl still does not import; the error:"

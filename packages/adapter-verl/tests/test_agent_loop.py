@@ -695,3 +695,54 @@ def test_session_options_from_yaml_are_hashable_and_json_able() -> None:
         "max_calls": 8,
         "sampling_policy": {"temperature": "agent"},
     }
+
+
+async def test_rollouts_are_logged_per_global_step_to_the_metrics_sink(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    """One loop per sample, as verl makes them; the samples of a step share one logged step."""
+    from rollwire.metrics_sinks.step_logger import close_shared_loggers
+    from rollwire.testing.tensorboard import read_scalars
+
+    versioned = merged_rollout("a", reward=1.0)
+    for call in versioned.calls:
+        call.policy_version = "4"
+    batches = [
+        (5, versioned),
+        (5, forked_rollout("b", reward=-0.5)),
+        (6, merged_rollout("c", group_id="g2", reward=0.5)),
+        (6, failed_rollout("d")),
+    ]
+    spec = f"tensorboard:{tmp_path / 'tb'}"
+    for step, rollout in batches:
+        gw = _StubGateway(rollout)
+        res = types.SimpleNamespace(client=lambda gw=gw: gw, runner=_StubRunner())
+        monkeypatch.setattr(al, "_resources", lambda settings, res=res: res)
+        loop = _make_loop(gateway_url="http://gw", admin_key="k", metrics=spec)
+        await loop.run({"temperature": 1.0}, **VERL_ROW, global_steps=step)
+    assert not (tmp_path / "tb").exists() or 6 not in read_scalars(tmp_path / "tb")
+    close_shared_loggers()  # at exit: the last step
+    steps = read_scalars(tmp_path / "tb")
+    assert sorted(steps) == [5, 6]
+    five, six = steps[5], steps[6]
+    assert five["rollwire/rollouts/total"] == 2 and six["rollwire/rollouts/total"] == 2
+    assert five["rollwire/reward/mean"] == pytest.approx(0.25)  # (1.0 - 0.5) / 2
+    assert five["rollwire/reward/std"] == pytest.approx(0.75)
+    assert five["rollwire/forks/total"] == 1 and five["rollwire/rows/per_rollout"] == 1.5
+    assert five["rollwire/policy/version"] == 4.0 and "rollwire/policy/version" not in six
+    assert five["rollwire/calls/total"] == 6 and six["rollwire/calls/total"] == 4
+    assert six["rollwire/failures/failed"] == 1 and "rollwire/failures/failed" not in five
+    assert six["rollwire/reward/mean"] == pytest.approx(0.5)  # the failed one has no reward
+    assert (tmp_path / "tb" / "tags.json").read_text().count('"4"') == 1
+
+
+def test_metrics_settings_from_yaml_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLWIRE_METRICS", "mlflow:mlruns")
+    monkeypatch.setenv("ROLLWIRE_METRICS_EVERY", "16")
+    env = al.LoopSettings.from_options({})
+    assert (env.metrics, env.metrics_every) == ("mlflow:mlruns", 16)
+    yaml = al.LoopSettings.from_options({"metrics": "tensorboard:tb", "metrics_every": 8})
+    assert (yaml.metrics, yaml.metrics_every) == ("tensorboard:tb", 8)
+    monkeypatch.setenv("ROLLWIRE_METRICS_EVERY", "0")
+    with pytest.raises(ValueError, match="ROLLWIRE_METRICS_EVERY must be a positive integer"):
+        al.LoopSettings.from_options({})

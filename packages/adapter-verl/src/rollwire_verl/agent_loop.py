@@ -18,6 +18,11 @@ first ones; mask, log-probs and routing cut with them — :func:`rollwire_verl.l
 most ``rollout.prompt_length`` prompt tokens (the last ones), ``num_turns`` counted as verl counts
 it, and ``extra_fields["min_global_steps"/"max_global_steps"]`` set (verl's v1 trainer turns them
 into ``int`` arrays for its staleness metrics).
+
+With ``metrics`` set (YAML key or ``ROLLWIRE_METRICS``), each process's rollouts are logged to that
+sink per trainer step: they carry verl's ``global_steps``, and a step's rollouts are logged as one
+step (at ``global_steps``) when the first rollout of another step arrives, or at exit; without
+``global_steps``, every ``metrics_every`` rollouts make a step.
 """
 
 from __future__ import annotations
@@ -224,6 +229,11 @@ class RollwireAgentLoop(AgentLoopBase):
         # the backend's tokenizer classifies forks (template / retokenized / ...), not "other"
         rows = TrajectoryBuilder(s.mode, _tokenizer_like(self.tokenizer)).build(rollout)
         global_steps = kwargs.get("global_steps")
+        step = None if global_steps is None else int(_plain(global_steps))
+        if s.metrics:
+            from rollwire.metrics_sinks.step_logger import shared_step_logger
+
+            shared_step_logger(s.metrics, every=s.metrics_every).add(rollout, step, rows)
         return rows_to_agent_loop_outputs(
             rollout,
             rows,
@@ -232,7 +242,7 @@ class RollwireAgentLoop(AgentLoopBase):
             multi_row=s.multi_row,
             fallback_prompt_ids=lambda: self._fallback_prompt_ids(kwargs),
             reward_extra_keys=s.reward_extra_keys,
-            global_steps=None if global_steps is None else int(_plain(global_steps)),
+            global_steps=step,
             max_prompt_length=int(self.rollout_config.prompt_length),
             max_response_length=int(self.rollout_config.response_length),
             fallback_token_id=self._pad_token_id(),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollwire.data.trajectory import BuildMode
+from rollwire.metrics_sinks.step_logger import metrics_every, metrics_spec
 from rollwire_verl.outputs import FailurePolicy, MultiRow
 
 __all__ = ["LoopSettings", "served_model_name", "session_sampling"]
@@ -41,6 +42,10 @@ class LoopSettings:
     routed_experts_shape: tuple[int, int] | None = None
     #: extra session fields, frozen (:func:`_freeze`) so the settings stay hashable
     session_options: Any = ("__map__",)
+    #: metrics sink (``tensorboard:DIR``, ``mlflow:URI_OR_DIR``, ``wandb:DIR``); None: no logging
+    metrics: str | None = None
+    #: rollouts per logged step when verl hands no ``global_steps``
+    metrics_every: int = 64
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> LoopSettings:
@@ -78,6 +83,8 @@ class LoopSettings:
             multi_row=pick("multi_row", "list"),
             reward_extra_keys=tuple(extra_keys) if extra_keys is not None else None,
             session_options=_freeze(options.get("session_options") or {}),
+            metrics=metrics_spec(None if pick("metrics") is None else str(pick("metrics"))),
+            metrics_every=metrics_every(pick("metrics_every")),
         )
 
     def validate(self) -> None:

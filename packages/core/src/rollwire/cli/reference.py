@@ -50,6 +50,17 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "`passthrough` (verl's default) or `tokens` (slime's default).",
     ),
     ("ROLLWIRE_MODEL", "verl agent loop", "Model name the agent is told to use."),
+    (
+        "ROLLWIRE_METRICS",
+        "verl agent loop, slime hooks, rLLM flow",
+        "Metrics sink each trainer step's statistics go to: `tensorboard:DIR`, "
+        "`mlflow:URI_OR_DIR` or `wandb:DIR` (`{pid}` becomes the process id); unset: none.",
+    ),
+    (
+        "ROLLWIRE_METRICS_EVERY",
+        "verl agent loop, rLLM flow",
+        "Rollouts per logged step when the trainer hands no step number (default 64).",
+    ),
     ("ROLLWIRE_DEADLINE", "verl agent loop, slime hooks", "Seconds per rollout (default 600)."),
     (
         "ROLLWIRE_DEADLINE_GRACE",

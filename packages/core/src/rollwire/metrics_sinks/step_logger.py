@@ -200,7 +200,10 @@ def shared_step_logger(
 
     Hooks are plain functions or objects a trainer makes per sample, so the sink is kept here.
     ``tokenizer`` (used when the logger is made) classifies forks of rollouts logged without rows.
+    ``{pid}`` in ``spec`` becomes the process id: trainers that run hooks in several worker
+    processes (verl's agent-loop workers) then give each its own run or directory.
     """
+    spec = spec.replace("{pid}", str(os.getpid()))
     key = (spec, every, prefix)
     with _SHARED_LOCK:
         logger = _SHARED.get(key)
