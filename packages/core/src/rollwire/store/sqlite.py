@@ -110,6 +110,10 @@ class SQLiteStore(WriteBatch):
         self._deltas = codec.DeltaCache()
         self._counts: dict[str, list[int]] = {}  # per-batch call/token increments (writer only)
         self._known_blobs: set[str] = set()
+        # (session, request key) of ok retries this process stored before their original: the
+        # only rows a first attempt (retry_count 0) can match (writer thread only; see
+        # _match_retry).
+        self._early_retries: set[tuple[str, str]] = set()
         self._db = SQLiteConnections(
             path,
             self,
@@ -339,11 +343,20 @@ class SQLiteStore(WriteBatch):
         rc = int(call.retry_count)
         ok = call.status == "ok"
         if key is not None:
-            prev = conn.execute(
-                "SELECT call_id, retry_count, ok, matched FROM call_keys"
-                " WHERE session_id = ? AND request_key = ?",
-                (call.session_id, key),
-            ).fetchone()
+            # A first attempt only matters to a row left by an ok retry that landed before it:
+            # skip the SELECT when this process stored none for this key. (One stored before a
+            # restart cannot be waiting for its original: that died with the old process. One
+            # SQLite file is served by one gateway process.)
+            probe = rc > 0 or (call.session_id, key) in self._early_retries
+            prev = (
+                None
+                if not probe
+                else conn.execute(
+                    "SELECT call_id, retry_count, ok, matched FROM call_keys"
+                    " WHERE session_id = ? AND request_key = ?",
+                    (call.session_id, key),
+                ).fetchone()
+            )
             if prev is not None:
                 if rc > 0 and not call.retry_of:
                     call.retry_of = prev[0]
@@ -352,6 +365,9 @@ class SQLiteStore(WriteBatch):
                     call.trainable = False
                     if codec.SUPERSEDED_FLAG not in call.flags:
                         call.flags.append(codec.SUPERSEDED_FLAG)
+            if rc > 0 and ok and not call.retry_of:
+                # Kept on rollback too: an extra entry costs one SELECT, never a wrong answer.
+                self._early_retries.add((call.session_id, key))
             conn.execute(
                 "INSERT OR REPLACE INTO call_keys (session_id, request_key, call_id,"
                 " retry_count, ok, matched) VALUES (?,?,?,?,?,?)",

@@ -7,8 +7,9 @@ write fails alone) and resolves the callers' futures after ``COMMIT``. Reads use
 connections on a small thread pool, so they never wait for the writer.
 
 The WAL stays bounded without blocking a request: the checkpoint thread runs ``PASSIVE``
-checkpoints (they never wait for the writer or readers), and ``journal_size_limit`` makes SQLite
-truncate the WAL file each time the writer restarts it after a complete checkpoint.
+checkpoints (they never wait for the writer or readers) once the WAL passes 1/8 of its bound (at
+the latest every ten intervals, and at once past the bound), and ``journal_size_limit`` makes
+SQLite truncate the WAL file each time the writer restarts it after a complete checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = ["SQLiteConnections", "WriteBatch"]
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
+_IDLE_CHECKPOINT_ROUNDS = 10  # a WAL under 1/8 of its bound is checkpointed every 10 intervals
 _OUTAGE_MESSAGES = ("disk is full", "disk i/o error", "unable to open", "readonly database")
 
 
@@ -220,6 +222,7 @@ class SQLiteConnections:
     # ----------------------------------------------------------------- checkpoints
     def _checkpoint_main(self) -> None:
         conn: sqlite3.Connection | None = None
+        idle_rounds = 0
         while True:
             self._wake.wait(self._checkpoint_interval)
             self._wake.clear()
@@ -227,6 +230,12 @@ class SQLiteConnections:
                 break
             if not self._dirty.is_set():
                 continue
+            idle_rounds += 1
+            if idle_rounds < _IDLE_CHECKPOINT_ROUNDS and _size(self._wal) < self._wal_limit // 8:
+                # Well under the bound: let frames pile up (pages rewritten every batch, like
+                # the session counters, are then copied once, not once a second).
+                continue
+            idle_rounds = 0
             self._dirty.clear()
             try:
                 if conn is None:
