@@ -51,7 +51,8 @@ def test_sagemaker_feedback_completes_the_session_with_per_turn_rewards(
     assert r2.status_code == 200, r2.text
     rollout = control.rollout(handle.session_id)
     assert rollout.status == "completed" and rollout.reward == 1.0
-    assert rollout.metrics == {"step_reward/0": 0.2, "step_reward/1": 0.5, "step_reward/2": 1.0}
+    steps = {"step_reward/0": 0.2, "step_reward/1": 0.5, "step_reward/2": 1.0}
+    assert rollout.metrics == {**steps, "step_rewards_dropped": 3.0}  # no calls to carry them
 
 
 def test_sagemaker_failed_status_fails_the_session_and_ids_are_checked(

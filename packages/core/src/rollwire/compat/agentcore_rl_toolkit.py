@@ -12,8 +12,9 @@ AgentCoreRLApp, AgentCoreRuntimeApp`` instead of ``from agentcore_rl_toolkit imp
   toolkit's README still says); an ``_agentcore_runtime`` start envelope is answered with the
   invocation's ``in_progress`` state.
 
-A per-turn reward list is kept (``step_reward/<i>`` metrics); its last element is the rollout's
-reward unless ``list_reward="sum"`` or ``"mean"``.
+A per-turn reward list is kept (``step_reward/<i>`` metrics, and element ``i`` on the ``i``-th
+trainable call as ``ModelCall.step_reward`` when the rollout is assembled); its last element is
+the rollout's reward unless ``list_reward="sum"`` or ``"mean"``.
 """
 
 from __future__ import annotations

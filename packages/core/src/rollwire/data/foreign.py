@@ -6,7 +6,9 @@ agentcore-rl-toolkit's gen-1 apps return ``{"rewards": float | [float, ...]}`` (
 ``BedrockAgentCoreApp`` agents return ``{"reward": ...}``; SageMaker's ``sagemaker_rft_handler``
 reports ``Rewards`` as a float or a per-turn list, and ``{"status": "error"}`` as a failure. A
 per-turn list is kept: each element becomes the metric ``step_reward/<i>`` and, by default, the
-last one is the rollout's reward (``list_reward="sum"`` or ``"mean"`` to change that).
+last one is the rollout's reward (``list_reward="sum"`` or ``"mean"`` to change that). When the
+rollout is assembled, ``rollwire.data.rewards.attach_step_rewards`` gives element ``i`` to the
+``i``-th trainable call of the session as ``ModelCall.step_reward``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ __all__ = [
     "RUNTIME_CONFIG_KEY",
     "RUNTIME_ENVELOPE_KEY",
     "S3_BUCKET",
+    "STEP_REWARDS_DROPPED",
+    "STEP_REWARD_METRIC",
     "TOOLKIT_KEY",
     "ForeignResult",
     "ListReward",
@@ -34,6 +38,8 @@ __all__ = [
     "runtime_config",
     "sagemaker_endpoint",
     "sagemaker_request",
+    "step_metrics",
+    "step_rewards_of",
     "toolkit_rollout",
 ]
 
@@ -101,7 +107,7 @@ def read_result(
     """
     if not isinstance(result, Mapping):
         reward, steps = reduce_rewards(result, list_reward)
-        return ForeignResult("completed", reward, _step_metrics(steps), step_rewards=steps)
+        return ForeignResult("completed", reward, step_metrics(steps), step_rewards=steps)
     if result.get("status") == "error":
         message = result.get("error") or result.get("message") or "unknown error"
         return ForeignResult("failed", None, error=f"the agent reported an error: {message}")
@@ -111,12 +117,29 @@ def read_result(
             f"the result has no reward: expected one of {list(keys)}, got keys {sorted(result)}"
         )
     reward, steps = reduce_rewards(result[key], list_reward)
-    metrics = {**_metrics(result.get("metrics")), **_step_metrics(steps)}
+    metrics = {**_metrics(result.get("metrics")), **step_metrics(steps)}
     return ForeignResult("completed", reward, metrics, step_rewards=steps)
 
 
-def _step_metrics(steps: Sequence[float]) -> dict[str, float]:
-    return {f"step_reward/{i}": v for i, v in enumerate(steps)}
+#: A per-turn list's element ``i`` is the rollout metric ``step_reward/<i>``; how many elements
+#: had no trainable call to go to is ``step_rewards_dropped``.
+STEP_REWARD_METRIC = "step_reward/"
+STEP_REWARDS_DROPPED = "step_rewards_dropped"
+
+
+def step_metrics(steps: Sequence[float]) -> dict[str, float]:
+    """A per-turn reward list as the rollout's ``step_reward/<i>`` metrics."""
+    return {f"{STEP_REWARD_METRIC}{i}": v for i, v in enumerate(steps)}
+
+
+def step_rewards_of(metrics: Mapping[str, float]) -> dict[int, float]:
+    """The ``step_reward/<i>`` metrics of a rollout, by turn (other metrics are ignored)."""
+    out: dict[int, float] = {}
+    for key, value in metrics.items():
+        tail = key[len(STEP_REWARD_METRIC) :] if key.startswith(STEP_REWARD_METRIC) else ""
+        if tail.isdigit():
+            out[int(tail)] = float(value)
+    return out
 
 
 def read_s3_result(body: Mapping[str, Any], *, list_reward: ListReward = "last") -> ForeignResult:

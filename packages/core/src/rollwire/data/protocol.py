@@ -89,6 +89,10 @@ class ModelCall(_Model):
     latency_ms: float = 0.0
     request: dict[str, Any] = Field(default_factory=dict, description="the request as received")
     response: dict[str, Any] = Field(default_factory=dict, description="the response as returned")
+    step_reward: float | None = Field(
+        default=None,
+        description="this turn's reward from a per-turn list, set when the rollout is assembled",
+    )
 
     def full_tokens(self) -> np.ndarray:
         """Prompt followed by completion (the sequence the policy saw and produced)."""

@@ -2,7 +2,9 @@
 
 GRPO-style trainers normalise rewards within a task group. When rows are the unit, a rollout that
 forked into 3 rows would weigh 3× in its group's mean and std; these helpers compute statistics
-over rollouts and then hand every row of a rollout its rollout's advantage.
+over rollouts and then hand every row of a rollout its rollout's advantage. A per-turn reward
+list (the ``step_reward/<i>`` metrics) is laid onto the calls it belongs to by
+:func:`attach_step_rewards`.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from rollwire.data.foreign import STEP_REWARDS_DROPPED, step_rewards_of
 from rollwire.data.protocol import Group, Rollout, group_rollouts
 
-__all__ = ["group_advantages", "normalize_row_rewards"]
+__all__ = ["attach_step_rewards", "group_advantages", "normalize_row_rewards"]
 
 
 def normalize_row_rewards(
@@ -91,3 +94,29 @@ def group_advantages(
         )
         out.update(zip(ids, (float(a) for a in adv)))
     return out
+
+
+def attach_step_rewards(rollout: Rollout) -> Rollout:
+    """The rollout with each step reward on the call it belongs to (a copy; stored calls are
+    never rewritten).
+
+    Element ``i`` of the per-turn list (metric ``step_reward/<i>``) goes to the ``i``-th
+    trainable call of the session, in call order; calls that are not trainable (failed, retried,
+    the agent hung up) get none. A call past the end of the list keeps ``step_reward=None``;
+    elements past the last trainable call are dropped and counted in the metric
+    ``step_rewards_dropped``. A rollout without step metrics is returned as it is.
+    """
+    steps = step_rewards_of(rollout.metrics)
+    if not steps:
+        return rollout
+    trainable = sorted((c for c in rollout.calls if c.trainable), key=lambda c: c.index)
+    turn_of = {id(c): i for i, c in enumerate(trainable)}
+    calls = [
+        c.model_copy(update={"step_reward": steps.get(turn_of.get(id(c), -1))})
+        for c in rollout.calls
+    ]
+    metrics = {k: v for k, v in rollout.metrics.items() if k != STEP_REWARDS_DROPPED}
+    dropped = sum(1 for i in steps if i >= len(trainable))
+    if dropped:
+        metrics[STEP_REWARDS_DROPPED] = float(dropped)
+    return rollout.model_copy(update={"calls": calls, "metrics": metrics})

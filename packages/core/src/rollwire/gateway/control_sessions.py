@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rollwire.data.protocol import TERMINAL_STATUSES, Rollout
+from rollwire.data.rewards import attach_step_rewards
 from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.gateway.control_base import (
     MAX_LABEL,
@@ -268,7 +269,7 @@ class SessionRoutes(ControlRoutes):
         status = (
             rec.status if rec.status in TERMINAL_STATUSES or rec.status == "running" else "running"
         )
-        return Rollout.model_validate(
+        rollout = Rollout.model_validate(
             {
                 "rollout_id": sid,
                 "group_id": rec.group_id,
@@ -283,6 +284,7 @@ class SessionRoutes(ControlRoutes):
                 "completed_at": rec.completed_at,
             }
         ).model_copy(update={"calls": calls})
+        return attach_step_rewards(rollout)  # step_reward/<i> metrics onto their calls
 
     async def session_rollout(self, request: Request) -> Response:
         self.require_admin(request)

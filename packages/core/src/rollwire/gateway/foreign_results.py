@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from rollwire.data.foreign import read_s3_result, reduce_rewards
+from rollwire.data.foreign import read_s3_result, reduce_rewards, step_metrics
 from rollwire.gateway.control_base import json_response
 from rollwire.gateway.control_sessions import SessionRoutes
 from rollwire.gateway.errors import GatewayError
@@ -90,7 +90,7 @@ class _ForeignResults(SessionRoutes):
         except ValueError as exc:
             raise GatewayError(400, f"update-reward: Rewards: {exc}") from exc
         failed = self._status.pop(sid, "ready") == "failed"
-        metrics = {f"step_reward/{i}": v for i, v in enumerate(steps)} if len(steps) > 1 else {}
+        metrics = step_metrics(steps)
         error = "the agent reported the trajectory failed (SageMaker Status 'failed')"
         rec = await self.finish(
             sid,
