@@ -91,7 +91,7 @@ class AgentProcess:
         import httpx
 
         self._proc = subprocess.Popen(self._cmd, env=self._env)
-        end = time.monotonic() + 60
+        end = time.monotonic() + 180  # heavy imports (sagemaker-train) on a busy machine
         while time.monotonic() < end:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"{self._cmd} exited with {self._proc.returncode}")
@@ -101,7 +101,7 @@ class AgentProcess:
             except httpx.HTTPError:
                 time.sleep(0.1)
         self.__exit__()
-        raise TimeoutError(f"the agent at {self.url} did not answer {self._ready} within 60s")
+        raise TimeoutError(f"the agent at {self.url} did not answer {self._ready} within 180s")
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -89,16 +89,20 @@ def test_rollouts_of_async_handlers_run_off_the_server_loop(recorder: CompleteRe
 def test_ping_is_busy_while_every_handler_thread_is_stuck_past_its_deadline(
     recorder: CompleteRecorder,
 ) -> None:
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
     app = RolloutApp(max_threads=1)
 
     @app.rollout_entrypoint
     def handler(payload: dict[str, Any]) -> float:
+        started.set()
         release.wait(20)
         return 1.0
 
     with ServerThread(app) as server:
-        httpx.post(f"{server.url}/invocations", json=recorder.payload("st1", deadline_in=0.3))
+        # A deadline long enough for the handler to start on a loaded machine, short enough to
+        # pass while it still holds its thread.
+        httpx.post(f"{server.url}/invocations", json=recorder.payload("st1", deadline_in=2.0))
+        assert started.wait(10)
         record = recorder.wait_for("st1")[0]
         assert record["status"] == "failed" and "deadline" in record["error"]
         end = time.monotonic() + 5

@@ -31,6 +31,7 @@ from rollwire_slime.samples import (
     import_sample_class,
     rollout_sample_dicts,
 )
+from rollwire_slime.sampling import slime_sampling
 
 __all__ = [
     "HookConfig",
@@ -42,22 +43,6 @@ __all__ = [
     "slime_sampling",
     "slime_task",
 ]
-
-#: slime sampling parameter -> rollwire session sampling key (OpenAI spelling).
-_SAMPLING_MAP = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "max_new_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "sampling_seed": "seed",
-}
 
 
 def _setting(args: Any, name: str, environ: Mapping[str, str], default: Any = None) -> Any:
@@ -151,21 +136,6 @@ def slime_task(sample: Any) -> dict[str, Any]:
     task["slime_index"] = _get(sample, "index")
     task["slime_group_index"] = _get(sample, "group_index")
     return task
-
-
-def slime_sampling(sampling_params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """slime's SGLang sampling params as rollwire session sampling (unknown keys are dropped)."""
-    out: dict[str, Any] = {}
-    for key, value in (sampling_params or {}).items():
-        target = _SAMPLING_MAP.get(key)
-        if target is None or value is None:
-            continue
-        if key == "top_k" and value in (-1, 0):  # slime's "off"
-            continue
-        if key in ("stop", "stop_token_ids") and not value:
-            continue
-        out[target] = value
-    return out
 
 
 def args_routing_shape(args: Any) -> RoutingShape | None:
