@@ -17,8 +17,7 @@ from starlette.middleware.base import BaseHTTPMiddleware
 
 from rollwire.agent.app import SESSION_HEADER, InvocationContext, PingStatus, RolloutApp
 from rollwire.agent.serving import ServerThread
-
-from .conftest import CompleteRecorder
+from rollwire.testing.recording import CompleteRecorder
 
 
 def _ping_times(url: str, until: threading.Event, started: threading.Event) -> list[float]:

@@ -16,9 +16,9 @@ pytest.importorskip("agentcore_rl_toolkit", reason="the toolkit needs Python 3.1
 
 from rollwire.agent.app import SESSION_HEADER
 from rollwire.agent.serving import ServerThread
+from rollwire.testing.recording import CompleteRecorder
 from rollwire.trainer.client import RolloutClient
 
-from .conftest import CompleteRecorder
 from .dropin import TASKS, load_agent, math_script, with_import
 
 GEN1 = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +9,7 @@ from hypothesis import strategies as st
 
 from rollwire.data.protocol import ModelCall, Rollout
 from rollwire.data.trajectory import TrajectoryBuilder, build_rows, classify_fork
+from rollwire.testing.chat_samples import CharTokenizer
 
 # --------------------------------------------------------------------------- property tests
 
@@ -194,31 +193,7 @@ def test_per_call_gives_one_row_per_call(rollout: Rollout) -> None:
 # --------------------------------------------------------------------------- fork classes
 
 
-class CharTokenizer:
-    """One id per character; ids >= 1000 are special tokens with names."""
-
-    SPECIAL = {1000: "<|im_start|>", 1001: "<|im_end|>", 1002: "<think>", 1003: "</think>"}
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return list(self.SPECIAL)
-
-    def encode(self, text: str) -> list[int]:
-        out: list[int] = []
-        i = 0
-        while i < len(text):
-            for sid, s in self.SPECIAL.items():
-                if text.startswith(s, i):
-                    out.append(sid)
-                    i += len(s)
-                    break
-            else:
-                out.append(ord(text[i]))
-                i += 1
-        return out
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return "".join(self.SPECIAL.get(t, chr(t)) for t in token_ids)
+# CharTokenizer (one id per character, ChatML controls >= 1000) is rollwire.testing's.
 
 
 TOK = CharTokenizer()

@@ -14,8 +14,7 @@ import pytest
 
 from rollwire.agent.app import SESSION_HEADER, InvocationContext, RolloutApp
 from rollwire.agent.serving import ServerThread
-
-from .conftest import CompleteRecorder
+from rollwire.testing.recording import CompleteRecorder
 
 
 def _invoke(url: str, payload: dict[str, Any], session: str = "s" * 40) -> httpx.Response:
