@@ -1,5 +1,5 @@
 """Upstream dispatch: the request a backend gets, the POST with one fail-over, the answer read
-back into the call (non-streamed; streams go through :mod:`rollwire.gateway.relay`)."""
+back into the call (non-streamed; streams go through :mod:`rollwire.gateway.dataplane.relay`)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,17 @@ import orjson
 
 from rollwire.data.protocol import ModelCall
 from rollwire.gateway.asgi import CHAT_PATH, ASGIResponse, RawResponse
-from rollwire.gateway.backends import Backend
-from rollwire.gateway.capture import Asked, Captured, extract, resolve_policy_version
-from rollwire.gateway.capture import strip_response as _strip
+from rollwire.gateway.backends.pool import Backend
+from rollwire.gateway.backends.upstream import (
+    UpstreamBrokenError,
+    UpstreamConnectError,
+    UpstreamError,
+)
+from rollwire.gateway.dataplane.capture import Asked, Captured, extract, resolve_policy_version
+from rollwire.gateway.dataplane.capture import strip_response as _strip
+from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.errors import GatewayError, error_response, upstream_error_body
 from rollwire.gateway.ports import GatewayPort
-from rollwire.gateway.sessions import SessionState
-from rollwire.gateway.upstream import UpstreamBrokenError, UpstreamConnectError, UpstreamError
 
 __all__ = [
     "LOGPROBS_MODE",
