@@ -461,3 +461,29 @@ def test_sglang_update_weights_from_disk_and_flush_cache(
         assert len(sched.prefix_cache) == 0
     assert _rpc_reload(served, folders["orig"]).status_code == 200
     assert _greedy(served) == original
+
+
+def test_sglang_reload_during_an_in_place_pause(
+    served: EmbeddedEngine, folders: dict[str, Path]
+) -> None:
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            task = await _start(c, served, 200, "sg-paused")
+            r = await c.post(served.url + "/pause_generation", json={"mode": "in_place"})
+            assert r.status_code == 200
+            body = {"model_path": str(folders["pert"]), "weight_version": "8"}
+            update = (await c.post(served.url + "/update_weights_from_disk", json=body)).json()
+            assert served.engine.scheduler.paused and not task.done()
+            await c.post(served.url + "/continue_generation")
+            return update, (await task).json()["choices"][0]
+
+    update, ch = asyncio.run(go())
+    assert update["success"] is True and update["num_paused_requests"] == 1
+    [first, second] = ch["weight_versions"]  # the swap and the version move together
+    assert (first["version"], first["start"], second["version"], second["end"]) == (
+        "0",
+        0,
+        "8",
+        200,
+    )
+    assert first["end"] == second["start"] > 0

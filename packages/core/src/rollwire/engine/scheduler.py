@@ -187,7 +187,7 @@ class Scheduler:
         """Run ``fn`` on the worker thread between two steps (also while frozen), so no forward
         pass sees half of what it changes; runs it at once when the worker is not running."""
         fut: Future[_T] = Future()
-        if self._thread is None:
+        if self._thread is None or not self._running:
             try:
                 fut.set_result(fn())
             except Exception as exc:
