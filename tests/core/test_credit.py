@@ -38,11 +38,20 @@ def test_discounted_return_by_hand() -> None:
     np.testing.assert_allclose(row.advantages, _expected(1.75, 1.5, 1.0))  # type: ignore[arg-type]
 
 
+def test_token_level_step_rewards_sit_on_each_turns_last_sampled_token() -> None:
+    for credit in ("broadcast", StepCredit("discounted", 0.9)):
+        (row,) = build_rows([versioned_rollout()], credit=credit)  # type: ignore[arg-type]
+        expected = np.zeros(17, np.float32)
+        expected[[3, 11, 16]] = [0.25, 0.5, 1.0]  # the step rewards, whatever the mode
+        np.testing.assert_array_equal(row.step_rewards, expected)  # type: ignore[arg-type]
+
+
 def test_without_step_rewards_rows_are_exactly_as_before() -> None:
     plain = build_rows([merged_rollout(), forked_rollout()])
     for mode in ("broadcast", "discounted"):
         credited = build_rows([merged_rollout(), forked_rollout()], credit=mode)  # type: ignore[arg-type]
         assert [r.advantages for r in credited] == [None] * len(plain)
+        assert [r.step_rewards for r in credited] == [None] * len(plain)
         for a, b in zip(plain, credited):
             assert a.model_dump(mode="json") == b.model_dump(mode="json")
 

@@ -24,7 +24,17 @@ import numpy as np
 
 from rollwire.data.protocol import ModelCall, Rollout
 
-__all__ = ["CreditMode", "StepCredit", "step_values", "token_advantages"]
+__all__ = [
+    "CreditMode",
+    "CreditSpec",
+    "StepCredit",
+    "as_credit",
+    "parse_credit",
+    "step_rewards",
+    "step_values",
+    "token_advantages",
+    "token_step_rewards",
+]
 
 CreditMode = Literal["broadcast", "discounted"]
 
@@ -45,11 +55,28 @@ class StepCredit:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma!r}")
 
 
-def as_credit(credit: StepCredit | CreditMode | None) -> StepCredit | None:
-    """``credit`` as a :class:`StepCredit` (a bare mode name means ``gamma=1``)."""
+#: a :class:`StepCredit` or its text form (``"broadcast"``, ``"discounted"``, ``"discounted:0.9"``)
+CreditSpec = StepCredit | str
+
+
+def as_credit(credit: CreditSpec | None) -> StepCredit | None:
+    """``credit`` as a :class:`StepCredit` (text as :func:`parse_credit` reads it)."""
     if credit is None or isinstance(credit, StepCredit):
         return credit
-    return StepCredit(mode=credit)
+    return parse_credit(credit)
+
+
+def parse_credit(spec: str | None) -> StepCredit | None:
+    """``"broadcast"``, ``"discounted"`` or ``"discounted:GAMMA"`` (a setting's text) as a
+    :class:`StepCredit`; empty or None: no step credit."""
+    if spec is None or not spec.strip():
+        return None
+    mode, _, gamma = spec.strip().partition(":")
+    try:
+        value = float(gamma) if gamma else 1.0
+    except ValueError:
+        raise ValueError(f"step credit {spec!r}: gamma {gamma!r} is not a number") from None
+    return StepCredit(mode=mode, gamma=value)  # type: ignore[arg-type]
 
 
 def _turns(calls: Sequence[ModelCall]) -> list[ModelCall]:
@@ -57,13 +84,13 @@ def _turns(calls: Sequence[ModelCall]) -> list[ModelCall]:
     return sorted((c for c in calls if c.trainable), key=lambda c: c.index)
 
 
-def step_values(rollout: Rollout, credit: StepCredit) -> dict[str, float] | None:
-    """Each turn's credit by call id (``r_t`` or ``G_t``), or None when no call has a step
-    reward. Raises ValueError for a step reward that is not finite."""
+def step_rewards(rollout: Rollout) -> dict[str, float] | None:
+    """Each turn's step reward ``r_t`` by call id (0 for a turn without one), or None when no
+    call has a step reward. Raises ValueError for a step reward that is not finite."""
     turns = _turns(rollout.calls)
     if all(c.step_reward is None for c in turns):
         return None
-    rewards = []
+    out: dict[str, float] = {}
     for c in turns:
         r = 0.0 if c.step_reward is None else float(c.step_reward)
         if not math.isfinite(r):
@@ -71,14 +98,23 @@ def step_values(rollout: Rollout, credit: StepCredit) -> dict[str, float] | None
                 f"call {c.call_id} of rollout {rollout.rollout_id!r} has step reward {r!r}; "
                 "step rewards must be finite numbers"
             )
-        rewards.append(r)
-    values = list(rewards)
-    if credit.mode == "discounted":
-        g = 0.0
-        for t in range(len(rewards) - 1, -1, -1):
-            g = rewards[t] + credit.gamma * g
-            values[t] = g
-    return {c.call_id: v for c, v in zip(turns, values)}
+        out[c.call_id] = r
+    return out
+
+
+def step_values(rollout: Rollout, credit: StepCredit) -> dict[str, float] | None:
+    """Each turn's credit by call id (``r_t`` or ``G_t``), or None when no call has a step
+    reward (see :func:`step_rewards`)."""
+    rewards = step_rewards(rollout)
+    if rewards is None or credit.mode == "broadcast":
+        return rewards
+    ids = list(rewards)
+    values: dict[str, float] = {}
+    g = 0.0
+    for call_id in reversed(ids):
+        g = rewards[call_id] + credit.gamma * g
+        values[call_id] = g
+    return {call_id: values[call_id] for call_id in ids}
 
 
 def token_advantages(
@@ -92,4 +128,17 @@ def token_advantages(
     for turn, value in value_of_turn.items():
         out[turn_ids == turn] = value
     out[loss_mask == 0] = 0.0
+    return out
+
+
+def token_step_rewards(
+    turn_ids: np.ndarray, loss_mask: np.ndarray, reward_of_turn: dict[int, float]
+) -> np.ndarray:
+    """Per-response-token rewards: each turn's reward on its last mask-1 token, 0 elsewhere
+    (the token-level scores a per-token estimator such as GAE discounts itself)."""
+    out = np.zeros(turn_ids.shape[0], dtype=np.float32)
+    for turn, reward in reward_of_turn.items():
+        at = np.flatnonzero((turn_ids == turn) & (loss_mask == 1))
+        if at.size:
+            out[at[-1]] = reward
     return out

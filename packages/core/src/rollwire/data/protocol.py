@@ -264,6 +264,11 @@ class Row(_Model):
         description="per response token step credit (rollwire.data.credit); None without "
         "step rewards",
     )
+    step_rewards: Float32Array | None = Field(
+        default=None,
+        description="per response token: each turn's step reward on its last sampled token, "
+        "0 elsewhere (token-level scores); None without step rewards",
+    )
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Row:
@@ -290,7 +295,12 @@ class Row(_Model):
         return self
 
     def _check_token_extras(self, n: int) -> None:
-        for name, arr in (("version_ids", self.version_ids), ("advantages", self.advantages)):
+        extras = (
+            ("version_ids", self.version_ids),
+            ("advantages", self.advantages),
+            ("step_rewards", self.step_rewards),
+        )
+        for name, arr in extras:
             if arr is not None and len(arr) != n:
                 raise ValueError(f"{name} ({len(arr)}) must cover the {n} response tokens")
         ids = self.version_ids

@@ -15,7 +15,14 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 from rollwire.data.arrays import common_prefix_len
-from rollwire.data.credit import CreditMode, StepCredit, as_credit, step_values, token_advantages
+from rollwire.data.credit import (
+    CreditSpec,
+    as_credit,
+    step_rewards,
+    step_values,
+    token_advantages,
+    token_step_rewards,
+)
 from rollwire.data.protocol import Fork, ForkKind, Group, ModelCall, Rollout, Row, group_rollouts
 
 __all__ = ["TokenizerLike", "TrajectoryBuilder", "build_rows", "classify_fork"]
@@ -184,7 +191,7 @@ class TrajectoryBuilder:
         self,
         mode: BuildMode = "merge",
         tokenizer: TokenizerLike | None = None,
-        credit: StepCredit | CreditMode | None = None,
+        credit: CreditSpec | None = None,
     ) -> None:
         if mode not in ("merge", "per_call"):
             raise ValueError(f"unknown trajectory mode {mode!r}: use 'merge' or 'per_call'")
@@ -205,13 +212,14 @@ class TrajectoryBuilder:
                 opened.append(row)
         else:
             opened = self._merge(calls)
-        values = step_values(rollout, self.credit) if self.credit is not None else None
-        by_index = (
-            {c.index: values[c.call_id] for c in calls if c.call_id in values}
-            if values is not None
-            else None
-        )
-        return [self._finish(rollout, i, row, by_index) for i, row in enumerate(opened)]
+        credit = None
+        if self.credit is not None and (values := step_values(rollout, self.credit)) is not None:
+            rewards = step_rewards(rollout) or {}
+            credit = (
+                {c.index: values[c.call_id] for c in calls if c.call_id in values},
+                {c.index: rewards[c.call_id] for c in calls if c.call_id in rewards},
+            )
+        return [self._finish(rollout, i, row, credit) for i, row in enumerate(opened)]
 
     def build_many(self, batch: Iterable[Group | Rollout]) -> list[Row]:
         """Rows of every rollout of ``batch`` (groups or a flat iterable of rollouts)."""
@@ -256,7 +264,10 @@ class TrajectoryBuilder:
 
     @staticmethod
     def _finish(
-        rollout: Rollout, index: int, row: _OpenRow, values: dict[int, float] | None
+        rollout: Rollout,
+        index: int,
+        row: _OpenRow,
+        credit: tuple[dict[int, float], dict[int, float]] | None,
     ) -> Row:
         input_ids = np.concatenate([row.prompt, *row.ids]).astype(np.int32, copy=False)
         last = row.calls[-1]
@@ -288,7 +299,8 @@ class TrajectoryBuilder:
             policy_version=last.policy_version,
             weight_versions=list(row.version_names),
             version_ids=np.concatenate(row.versions),
-            advantages=None if values is None else token_advantages(turns, mask, values),
+            advantages=None if credit is None else token_advantages(turns, mask, credit[0]),
+            step_rewards=None if credit is None else token_step_rewards(turns, mask, credit[1]),
         )
 
 
@@ -296,7 +308,7 @@ def build_rows(
     batch: Iterable[Group | Rollout],
     mode: BuildMode = "merge",
     tokenizer: TokenizerLike | None = None,
-    credit: StepCredit | CreditMode | None = None,
+    credit: CreditSpec | None = None,
 ) -> list[Row]:
     """Shorthand for ``TrajectoryBuilder(mode, tokenizer, credit).build_many(batch)``."""
     return TrajectoryBuilder(mode, tokenizer, credit).build_many(batch)
