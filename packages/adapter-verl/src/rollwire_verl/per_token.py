@@ -30,7 +30,8 @@ CREDIT_KEYS = ("has_step_credit",)
 
 def _object_array(values: Sequence[object]) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
-    out[:] = list(values)
+    for i, value in enumerate(values):  # one by one: equal-length lists must not broadcast
+        out[i] = value
     return out
 
 
