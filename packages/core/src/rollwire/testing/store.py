@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollwire.data.protocol import ModelCall
+from rollwire.data.protocol import ModelCall, VersionSpan
 from rollwire.store.base import (
     CompletionConflict,
     SessionClosed,
@@ -158,6 +158,17 @@ class StoreConformance:
             "request",
         ):
             assert getattr(got, name) == getattr(call, name), name
+
+    async def test_weight_version_spans_round_trip(self, store: Store) -> None:
+        sid = _sid()
+        await store.create_session(SessionRecord(session_id=sid))
+        spans = [VersionSpan(version="4", start=0, end=1), VersionSpan(version="5", start=1, end=3)]
+        await store.append_call(make_call(sid, [1, 2], [3, 4, 5], policy_version="5"))
+        labelled = make_call(sid, [1, 2, 3, 4, 5], [6, 7, 8], weight_versions=spans)
+        await store.append_call(labelled)
+        plain, got = await store.calls(sid)
+        assert plain.weight_versions is None and plain.policy_version == "5"
+        assert got.weight_versions == spans
 
     async def test_calls_keep_order_and_indices(self, store: Store) -> None:
         sid = _sid()
