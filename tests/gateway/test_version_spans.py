@@ -53,23 +53,27 @@ def _swap_mid_call(eng: EmbeddedEngine, steps_before: int, version: str) -> None
     _engine(eng, "/resume")
 
 
-def _call_across_a_sync(eng: EmbeddedEngine, gw: RunningGateway, capture: str) -> Any:
+def _call_across_a_sync(
+    eng: EmbeddedEngine, gw: RunningGateway, capture: str, stream: bool = False
+) -> Any:
     _engine(eng, "/update_weight_version", {"new_version": "1"})
     with gw.client() as c:
         h = c.create_session(capture=capture)
         oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
         steps = eng.engine.scheduler.steps
         with ThreadPoolExecutor(1) as pool:
-            answer = pool.submit(
-                oai.chat.completions.create,
-                model="policy",
-                messages=MSGS,  # type: ignore[arg-type]
-                max_tokens=N,
-                # the engine's own chat route honours ignore_eos; tokens mode, min_tokens
-                extra_body={"min_tokens": N, "ignore_eos": True}
-                if capture == "passthrough"
-                else {"min_tokens": N},
-            )
+            # the engine's own chat route honours ignore_eos; tokens mode, min_tokens
+            extra = {"min_tokens": N, "ignore_eos": True} if capture == "passthrough" else {}
+            kw: dict[str, Any] = {
+                "model": "policy",
+                "messages": MSGS,
+                "max_tokens": N,
+                "extra_body": extra or {"min_tokens": N},
+            }
+            if stream:
+                answer = pool.submit(lambda: list(oai.chat.completions.create(**kw, stream=True)))
+            else:
+                answer = pool.submit(lambda: oai.chat.completions.create(**kw))
             _swap_mid_call(eng, steps, "2")
             answer.result(timeout=120)
         (call,) = c.calls(h.session_id)
@@ -101,11 +105,13 @@ def test_a_keep_pause_mid_call_gives_two_spans_in_tokens_mode(
     assert step["info"]["rollwire"]["weight_versions"] == [["1", 0, cut], ["2", cut, N]]
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_passthrough_call_records_the_spans_the_engine_reports(
-    stack: tuple[EmbeddedEngine, RunningGateway],
+    stack: tuple[EmbeddedEngine, RunningGateway], stream: bool
 ) -> None:
     eng, gw = stack
-    call = _call_across_a_sync(eng, gw, "passthrough")
+    call = _call_across_a_sync(eng, gw, "passthrough", stream)
+    assert call.stream is stream
     spans = call.weight_versions
     assert call.completion_ids.shape[0] == N
     assert spans is not None and [s.version for s in spans] == ["1", "2"]
