@@ -48,6 +48,7 @@ from rollwire.gateway.live_sessions import LiveSessions
 from rollwire.gateway.metrics import GatewayMetrics
 from rollwire.gateway.security import TokenSigner, new_secret
 from rollwire.gateway.shared_state import SharedState
+from rollwire.gateway.sync_barrier import SyncBarrier
 from rollwire.gateway.ui import ui_routes
 from rollwire.store import SessionRecord, Store, open_store
 
@@ -117,6 +118,7 @@ class Gateway(LiveSessions, SharedState):
         self._sweep_task: asyncio.Task[None] | None = None
         self._share_task: asyncio.Task[None] | None = None
         self._shared_seen: tuple[bool, str | None] = (False, None)  # last read from the store
+        self.barrier = SyncBarrier(self)  # this gateway's part in a weight sync's pause
         self._background: set[asyncio.Task[Any]] = set()
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
@@ -182,6 +184,7 @@ class Gateway(LiveSessions, SharedState):
                     await task
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.barrier.close()
         await self.upstream.close()
         if self._http is not None:
             await self._http.close()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from rollwire.gateway.backends.pool import Backend, BackendPool
 from rollwire.gateway.config import GatewayConfig
+from rollwire.gateway.sync_barrier import EPOCH_SETTING, SyncBarrier
 from rollwire.store import Store
 
 __all__ = ["SharedState"]
@@ -16,6 +18,7 @@ log = logging.getLogger("rollwire.gateway")
 # Settings in the store that every gateway on it shares.
 _PAUSED = "gateway:paused"
 _POLICY_VERSION = "gateway:policy_version"
+_QUARANTINE = "gateway:quarantine:"  # + backend URL: why it is out of rotation
 
 
 class SharedState:
@@ -24,6 +27,8 @@ class SharedState:
 
     config: GatewayConfig
     store: Store
+    pool: BackendPool
+    barrier: SyncBarrier
     policy_version: str | None
     paused: bool
     in_flight: int
@@ -32,10 +37,17 @@ class SharedState:
     _shared_seen: tuple[bool, str | None]
 
     async def load_shared_state(self) -> None:
-        """Take the pause state and policy version from the store (set by any gateway on it,
-        and kept across restarts)."""
-        paused = bool(await self.store.get_setting(_PAUSED))
+        """Take the pause state, a weight sync's epoch, the policy version and the backends out
+        of rotation from the store (set by any gateway on it, and kept across restarts).
+
+        Read in this order because a sync writes them in the reverse one (version, then epoch
+        cleared, then pause cleared): a gateway that reads "not paused" reads the new version.
+        """
+        paused_setting = await self.store.get_setting(_PAUSED)
+        epoch = await self.store.get_setting(EPOCH_SETTING)
         raw = await self.store.get_setting(_POLICY_VERSION)
+        quarantined = await self.store.settings_with_prefix(_QUARANTINE)
+        paused = bool(paused_setting) or epoch is not None
         version = None if raw is None else str(raw)
         # Follow changes only (what this process set itself stays until someone changes it).
         last_paused, last_version = self._shared_seen
@@ -44,6 +56,9 @@ class SharedState:
         if version != last_version:
             self.policy_version = version
         self._shared_seen = (paused, version)
+        for backend in self.pool.backends.values():
+            backend.quarantined = quarantined.get(_QUARANTINE + backend.url)
+        await self.barrier.follow(epoch)
 
     async def _follow_shared_state(self) -> None:
         while True:
@@ -65,6 +80,14 @@ class SharedState:
         await self.store.set_setting(_POLICY_VERSION, version)
         self._shared_seen = (self._shared_seen[0], version)
         self.policy_version = version
+
+    async def set_quarantine(self, backend: Backend, reason: str | None) -> None:
+        """Take ``backend`` out of rotation (``reason``) or put it back (None), for every gateway
+        on this store: health checks do not undo it."""
+        await self.store.set_setting(_QUARANTINE + backend.url, reason)
+        if reason is not None:
+            log.warning("backend %s (%s) out of rotation: %s", backend.name, backend.url, reason)
+        backend.quarantined = reason
 
     # ------------------------------------------------------------------ pause / drain
     def pause(self) -> None:

@@ -444,6 +444,11 @@ class StoreConformance:
             assert await second.get_setting(name + "-v") == "v7"
             assert await second.get_setting(name + "-gone") is None
             assert await second.get_setting(name + "-ttl") == "b1"
+            assert await second.settings_with_prefix(name + "-") == {
+                name + "-v": "v7",
+                name + "-ttl": "b1",
+            }
+            assert await second.settings_with_prefix(name + "-*") == {}  # no glob
             await second.set_setting(name + "-short", 1, ttl=0.05)
             await asyncio.sleep(0.15)  # no event marks a TTL passing
             assert await second.get_setting(name + "-short") is None

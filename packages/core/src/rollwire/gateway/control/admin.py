@@ -143,7 +143,8 @@ class AdminRoutes(ControlRoutes):
 
     async def resume(self, request: Request) -> Response:
         self.require_admin(request)
-        await self.gw.set_paused(False)
+        # also ends a weight sync's pause (one left behind by a trainer that died mid-sync)
+        await self.gw.barrier.end(None)
         return self.pause_json()
 
     async def health(self, request: Request) -> Response:
