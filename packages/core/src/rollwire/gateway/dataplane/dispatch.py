@@ -20,7 +20,13 @@ from rollwire.gateway.backends.upstream import (
     UpstreamConnectError,
     UpstreamError,
 )
-from rollwire.gateway.dataplane.capture import Asked, Captured, extract, resolve_policy_version
+from rollwire.gateway.dataplane.capture import (
+    Asked,
+    Captured,
+    capture_spans,
+    extract,
+    resolve_policy_version,
+)
 from rollwire.gateway.dataplane.capture import strip_response as _strip
 from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.errors import GatewayError, error_response, upstream_error_body
@@ -280,8 +286,11 @@ def fill_call(gw: GatewayPort, call: ModelCall, cap: Captured, backend: Backend)
     call.policy_version, version_flag = resolve_policy_version(
         cap.weight_version, gw.policy_version
     )
-    if version_flag:
-        call.flags.append(version_flag)
+    raw_spans = cap.weight_spans if cap.has_ids else None
+    call.weight_versions, spans_flag = capture_spans(raw_spans, cap.completion_ids.shape[0])
+    for flag in (version_flag, spans_flag):
+        if flag:
+            call.flags.append(flag)
     if backend.kind == "openai" or not cap.has_ids:
         call.trainable = False
         call.flags.append("no_token_ids")

@@ -55,6 +55,8 @@ class Generation:
     stop_reason: Any = None
     routed_experts: np.ndarray | None = None
     weight_version: str | None = None
+    #: the backend's per-token ``weight_versions`` spans as it sent them (vLLM's shape)
+    weight_spans: Any = None
     raw: dict[str, Any] = field(default_factory=dict)
     #: per completion token, the backend's most likely ``(token_id, logprob)`` (when asked)
     top_logprobs: list[list[tuple[int, float]]] | None = None
@@ -218,6 +220,7 @@ def _read_vllm(obj: Any, url: str) -> Generation:
         stop_reason=choice.get("stop_reason"),
         routed_experts=experts,
         weight_version=None if version is None else str(version),
+        weight_spans=versions or None,
         raw=obj,
         top_logprobs=tops if any(tops) else None,
     )

@@ -12,7 +12,7 @@ import numpy as np
 from starlette.responses import Response
 
 from rollwire.data.protocol import ModelCall
-from rollwire.gateway.dataplane.capture import resolve_policy_version
+from rollwire.gateway.dataplane.capture import capture_spans, resolve_policy_version
 from rollwire.gateway.errors import error_response
 from rollwire.gateway.tokens.backend import BackendFailure, Generation
 from rollwire.gateway.tokens.parsers import ParsedCompletion, ToolParser, parse_completion
@@ -126,9 +126,10 @@ def captured_call(
         # constraint was not applied, which it should be able to see
         all_flags.append("tool_choice_ignored")
     version, version_flag = resolve_policy_version(gen.weight_version, ctx.policy_version)
-    if version_flag:
-        all_flags.append(version_flag)
     heal, completion = plan.heal, gen.completion_ids
+    # a keep pause that swapped weights mid-call: the backend says which tokens each sampled
+    spans, spans_flag = capture_spans(gen.weight_spans, int(completion.shape[0]))
+    all_flags.extend(f for f in (version_flag, spans_flag) if f)
     return ModelCall(
         call_id=call_id,
         session_id=ctx.session.session_id,
@@ -143,6 +144,7 @@ def captured_call(
         off_policy=bool(plan.flags),
         flags=all_flags,
         policy_version=version,
+        weight_versions=spans,
         backend=backend.name,
         logprobs_mode="raw" if backend.kind == "vllm" else "processed",
         capture="tokens",
