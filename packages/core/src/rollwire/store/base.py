@@ -192,6 +192,11 @@ class Store(Protocol):
         """Set a shared setting (``None`` removes it), optionally expiring after ``ttl`` s."""
         ...
 
+    async def settings_with_prefix(self, prefix: str) -> dict[str, Any]:
+        """Every unexpired setting whose name starts with ``prefix`` (the gateways' membership
+        and acknowledgements of a weight sync's pause)."""
+        ...
+
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` when the store cannot be reached."""
         ...

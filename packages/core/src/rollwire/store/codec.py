@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
-from rollwire.data.protocol import ModelCall, find_parent
+from rollwire.data.protocol import ModelCall, VersionSpan, find_parent
 
 __all__ = [
     "CallRow",
@@ -282,6 +282,8 @@ def encode_call(
         tools_hash = hashlib.blake2b(tools_json, digest_size=16).hexdigest()
         request["tools"] = {"$blob": tools_hash}
     meta = {name: getattr(call, name) for name in META_FIELDS}
+    if call.weight_versions is not None:  # absent (not null) otherwise: old records look the same
+        meta["weight_versions"] = [span.model_dump() for span in call.weight_versions]
     meta["request"] = request
     if key is not None:
         meta["request_key"] = key
@@ -438,6 +440,8 @@ def decode_calls(
             request["messages"] = messages
             prev = messages
         shape = meta.get("experts_shape")
+        if meta.get("weight_versions") is not None:
+            meta["weight_versions"] = [VersionSpan(**v) for v in meta["weight_versions"]]
         for name in _STORE_META:
             meta.pop(name, None)
         routed = None

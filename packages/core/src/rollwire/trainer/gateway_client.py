@@ -229,6 +229,11 @@ class GatewayClient(_Base):
         """``POST /api/policy_version``."""
         return str(self._req("POST", "/api/policy_version", json={"version": version})["version"])
 
+    def get_policy_version(self) -> str | None:
+        """``GET /api/policy_version``."""
+        version = self._req("GET", "/api/policy_version")["version"]
+        return None if version is None else str(version)
+
     def sync_weight_version(self, version: str, *, servers: list[str] | None = None) -> str:
         """After a weight sync: tell every inference server its new weight version
         (``POST /update_weight_version``, so calls report it) and set the gateway's policy
@@ -256,6 +261,40 @@ class GatewayClient(_Base):
     def pause_status(self) -> dict[str, Any]:
         """``GET /api/pause``."""
         return dict(self._req("GET", "/api/pause"))
+
+    # --------------------------------------------------------------- weight sync (WeightSync)
+    def sync_begin(self, *, drain: bool = True, timeout: float = 120.0) -> dict[str, Any]:
+        """``POST /api/sync/begin``: pause every gateway on the store; returns once each has
+        acknowledged (and, with ``drain``, has no call in flight)."""
+        body = {"drain": drain, "timeout": timeout}
+        return dict(self._req("POST", "/api/sync/begin", json=body, timeout=timeout + 30.0))
+
+    def sync_end(self, *, version: str | None) -> dict[str, Any]:
+        """``POST /api/sync/end``: set the policy version, then resume every gateway."""
+        return dict(self._req("POST", "/api/sync/end", json=_drop_none({"version": version})))
+
+    def push_weights(
+        self, name: str, *, weights_path: str, version: str, keep: bool = False, timeout: float
+    ) -> dict[str, Any]:
+        """``POST /api/backends/{name}/weights``: the backend loads ``weights_path`` by its
+        kind's transport and takes ``version`` as its weight version."""
+        body = {"weights_path": weights_path, "version": version, "keep": keep}
+        return dict(
+            self._req("POST", f"/api/backends/{name}/weights", json=body, timeout=timeout + 30.0)
+        )
+
+    def probe_backend(self, name: str, *, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
+        """``POST /api/backends/{name}/probe``: a greedy token-in request with log-probs."""
+        body = {"prompt_ids": prompt_ids, "max_tokens": max_tokens}
+        return dict(self._req("POST", f"/api/backends/{name}/probe", json=body))
+
+    def quarantine_backend(self, name: str, *, reason: str) -> dict[str, Any]:
+        """``POST /api/backends/{name}/quarantine``: out of rotation until restored."""
+        return dict(self._req("POST", f"/api/backends/{name}/quarantine", json={"reason": reason}))
+
+    def restore_backend(self, name: str) -> dict[str, Any]:
+        """``DELETE /api/backends/{name}/quarantine``: back in rotation."""
+        return dict(self._req("DELETE", f"/api/backends/{name}/quarantine"))
 
 
 class AsyncGatewayClient(_Base):

@@ -33,6 +33,10 @@ class Backend:
     discovered_model: str | None = None
     #: the tokenizer given when the backend was added (``BackendSpec.tokenizer``), if any
     tokenizer: str | None = None
+    #: why a weight sync (or an operator) took it out of rotation; health checks never undo it
+    quarantined: str | None = None
+    #: the version the last weight push labelled it with
+    weight_version: str | None = None
 
     @property
     def model(self) -> str | None:
@@ -51,6 +55,8 @@ class Backend:
             "tokenizer": self.tokenizer,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
+            "quarantined": self.quarantined,
+            "weight_version": self.weight_version,
         }
 
 
@@ -88,12 +94,14 @@ class BackendPool:
         name = self._sticky.get(session_id)
         if name is not None and name not in exclude:
             b = self.backends.get(name)
-            if b is not None and b.healthy:
+            if b is not None and b.healthy and b.quarantined is None:
                 return b
-        candidates = [b for b in self.backends.values() if b.healthy and b.name not in exclude]
+        usable = [b for b in self.backends.values() if b.quarantined is None]
+        candidates = [b for b in usable if b.healthy and b.name not in exclude]
         if not candidates and not exclude:
-            # Every backend is marked down: try anyway rather than refuse (health may be stale).
-            candidates = list(self.backends.values())
+            # Every backend is marked down: try anyway rather than refuse (health may be stale);
+            # never one a weight sync took out (it may serve weights nobody verified).
+            candidates = usable
         if not candidates:
             return None
         best = min(candidates, key=lambda b: b.in_flight)

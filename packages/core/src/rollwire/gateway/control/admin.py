@@ -7,7 +7,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rollwire.gateway.config import BACKEND_KINDS, BackendSpec
-from rollwire.gateway.control_base import ControlRoutes, json_response, query_number
+from rollwire.gateway.control.base import ControlRoutes, json_response, query_number
 from rollwire.gateway.errors import GatewayError
 
 __all__ = ["AdminRoutes", "check_backend_url"]
@@ -143,7 +143,8 @@ class AdminRoutes(ControlRoutes):
 
     async def resume(self, request: Request) -> Response:
         self.require_admin(request)
-        await self.gw.set_paused(False)
+        # also ends a weight sync's pause (one left behind by a trainer that died mid-sync)
+        await self.gw.barrier.end(None)
         return self.pause_json()
 
     async def health(self, request: Request) -> Response:
