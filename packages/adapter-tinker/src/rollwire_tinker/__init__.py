@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from rollwire_tinker.adapter import TinkerAdapter, adapter
 from rollwire_tinker.datums import DatumBuild, TinkerDatum, group_advantages, row_datum, to_datums
-from rollwire_tinker.trainer import StepResult, TinkerConfig, TinkerTrainer, ratio_stats
+from rollwire_tinker.trainer import (
+    StepResult,
+    TinkerConfig,
+    TinkerTrainer,
+    ratio_stats,
+    tinker_reference,
+)
 
 __all__ = [
     "DatumBuild",
@@ -21,5 +27,6 @@ __all__ = [
     "group_advantages",
     "ratio_stats",
     "row_datum",
+    "tinker_reference",
     "to_datums",
 ]

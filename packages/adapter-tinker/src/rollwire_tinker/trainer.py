@@ -16,7 +16,7 @@ import numpy as np
 
 from rollwire_tinker.datums import TinkerDatum
 
-__all__ = ["StepResult", "TinkerConfig", "TinkerTrainer"]
+__all__ = ["StepResult", "TinkerConfig", "TinkerTrainer", "ratio_stats", "tinker_reference"]
 
 LossFn = Literal["importance_sampling", "ppo"]
 
@@ -41,6 +41,10 @@ class TinkerConfig:
     eps: float = 1e-8
     #: the policy version of step n is ``f"{version_prefix}-{n:06d}"``
     version_prefix: str = "tinker"
+    #: False: ``save_weights_and_get_sampling_client()`` (an ephemeral sampler, for this process);
+    #: True: ``save_weights_for_sampler(version)`` and a sampler of that checkpoint, whose
+    #: ``tinker://`` path a gateway's ``tinker`` backend can swap to (``StepResult.model_path``)
+    named_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         if self.loss_fn not in ("importance_sampling", "ppo"):
@@ -54,6 +58,8 @@ class StepResult:
     step: int
     policy_version: str
     sampling_client: Any
+    #: the sampler checkpoint's ``tinker://`` path (with ``named_checkpoints``), else None
+    model_path: str | None
     num_datums: int
     trained_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)
@@ -157,10 +163,15 @@ class TinkerTrainer:
             )
         ).result()
         t2 = time.perf_counter()
-        sampler = client.save_weights_and_get_sampling_client()
+        version = f"{cfg.version_prefix}-{self.steps + 1:06d}"
+        model_path = None
+        if cfg.named_checkpoints:
+            model_path = client.save_weights_for_sampler(version).result().path
+            sampler = client.create_sampling_client(model_path)
+        else:
+            sampler = client.save_weights_and_get_sampling_client()
         t3 = time.perf_counter()
         self.steps += 1
-        version = f"{cfg.version_prefix}-{self.steps:06d}"
         self.sampling_client, self.policy_version = sampler, version
         trainer_logprobs = [out["logprobs"].to_numpy() for out in fb.loss_fn_outputs]
         metrics = {k: float(v) for k, v in (fb.metrics or {}).items()}
@@ -171,8 +182,31 @@ class TinkerTrainer:
             step=self.steps,
             policy_version=version,
             sampling_client=sampler,
+            model_path=model_path,
             num_datums=len(datums),
             trained_tokens=int(sum(int(d.trained().sum()) for d in datums)),
             metrics=metrics,
             seconds={"forward_backward": t1 - t0, "optim_step": t2 - t1, "save_sampler": t3 - t2},
         )
+
+
+def tinker_reference(training_client: Any) -> Any:
+    """A ``WeightSync`` reference scored by the trainer itself: the log-probs its current weights
+    give ``completion_ids`` after ``prompt_ids`` (a ``forward`` with ``cross_entropy``)."""
+    tinker = _sdk()
+
+    def score(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        tokens = [int(t) for t in (*prompt_ids, *completion_ids)]
+        target = np.asarray(tokens[1:], dtype=np.int64)
+        datum = tinker.types.Datum(
+            model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={
+                "target_tokens": tinker.types.TensorData.from_numpy(target),
+                "weights": tinker.types.TensorData.from_numpy(np.ones(target.shape, np.float32)),
+            },
+        )
+        out = training_client.forward([datum], "cross_entropy").result()
+        logprobs = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+        return [float(x) for x in logprobs[-len(completion_ids) :]]
+
+    return score

@@ -121,3 +121,46 @@ def test_two_steps_swap_the_sampler_and_move_the_trained_logprobs(
         moved.append(float((now[trained] - datum.logprobs[trained]).mean()))
     TIMES["compute_logprobs"] = time.perf_counter() - t0
     assert moved[0] > 0 > moved[1], moved
+
+
+def test_gateway_samples_through_the_tinker_sampler_and_a_sync_swaps_it(
+    trainer: TinkerTrainer, server: SkyRLServer, model_dir: Path
+) -> None:
+    """A ``tinker`` backend in tokens mode: the agent's chat call is sampled by the Tinker
+    sampler; a WeightSync to a new checkpoint swaps the sampler, the probe checks it against the
+    trainer's own forward pass, and the next call is stamped with the checkpoint's name."""
+    import openai
+
+    from rollwire.gateway import serve_in_thread
+    from rollwire.trainer.weight_sync import WeightSync
+    from rollwire_tinker import tinker_reference
+
+    spec = {"url": server.base_url, "kind": "tinker", "model": str(model_dir), "tokenizer": str(model_dir), "name": "tinker"}  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    built = to_datums(_rollouts(trainer.sampling_client, tokenizer))
+    with serve_in_thread(backends=[spec]) as gw, gw.client() as c:
+
+        def chat() -> Any:
+            h = c.create_session(capture="tokens", sampling={"temperature": 0.0, "max_tokens": 4})
+            oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0, timeout=900)
+            t0 = time.perf_counter()
+            oai.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "Hi"}]
+            )
+            TIMES["gateway_chat"] = time.perf_counter() - t0
+            (call,) = c.calls(h.session_id)
+            return call
+
+        first = chat()
+        assert first.capture == "tokens" and len(first.completion_ids) == len(first.logprobs) > 0
+        trainer.config.named_checkpoints = True
+        step = trainer.step(built.datums)
+        assert step.model_path and step.model_path.startswith("tinker://")
+        sync = WeightSync(c, reference=tinker_reference(trainer.training_client), tolerance=0.05)
+        t0 = time.perf_counter()
+        report = sync.sync(step.model_path, step.policy_version)
+        TIMES["weight_sync"] = time.perf_counter() - t0
+        assert [b.verified for b in report.backends] == [True], report.summary()
+        after = chat()
+        assert after.policy_version == step.policy_version
+        assert c.backends()[0]["weight_version"] == step.policy_version
