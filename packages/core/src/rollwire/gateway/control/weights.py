@@ -62,9 +62,14 @@ async def probe_backend(
         payload["return_weight_versions"] = True
     t0 = time.perf_counter()
     try:
-        gen = await generate(
-            http, backend.url, backend.kind, payload, prompt_len=len(prompt_ids), timeout=timeout
-        )
+        if backend.kind == "tinker":
+            from rollwire.gateway.tokens.tinker import tinker_generate
+
+            gen = await tinker_generate(backend, ids, sampling, timeout=timeout)
+        else:
+            gen = await generate(
+                http, backend.url, backend.kind, payload, prompt_len=len(ids), timeout=timeout
+            )
     except BackendFailure as exc:
         raise GatewayError(
             502, f"probe of {backend.name}: {exc.message}", code="probe_failed"

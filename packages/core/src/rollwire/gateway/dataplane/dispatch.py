@@ -100,6 +100,14 @@ async def _with_failover(
         backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
         if backend is None:
             break
+        if backend.kind == "tinker":
+            raise GatewayError(
+                400,
+                f"backend {backend.name} is a Tinker sampler, which takes token ids only: create "
+                "the session with capture='tokens'",
+                "invalid_request_error",
+                "tinker_needs_tokens_mode",
+            )
         tried.add(backend.name)
         backend.in_flight += 1
         try:

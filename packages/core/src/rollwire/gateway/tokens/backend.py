@@ -18,7 +18,7 @@ import orjson
 
 __all__ = ["BackendFailure", "Generation", "generate", "sampling_payload"]
 
-TOKEN_KINDS = ("vllm", "sglang")
+TOKEN_KINDS = ("vllm", "sglang", "tinker")
 
 # Parameters whose names are the same on the OpenAI API, vLLM and SGLang sampling params.
 _SAME_NAME = (
@@ -115,6 +115,8 @@ def sampling_payload(
         if session_id:
             body["session_id"] = session_id
         return body
+    if kind == "tinker":  # sampled through the SDK (backends/tinker.py), not posted
+        return {"token_ids": ids, "sampling": dict(sampling)}
     raise ValueError(f"backend kind {kind!r} has no token-in route; use one of {TOKEN_KINDS}")
 
 
