@@ -31,7 +31,7 @@ def _llama_folder(path: Path, tokenizer_folder: Path, *, seed: int, noise: float
     tok = TinyModel(ModelConfig(seed=0)).tokenizer
     cfg = LlamaConfig(
         vocab_size=TinyModel(ModelConfig(seed=0)).config.vocab_size,
-        hidden_size=64,
+        hidden_size=128,  # head_dim 32: vLLM's CPU attention has no kernel for 16
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,

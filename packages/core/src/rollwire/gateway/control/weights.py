@@ -155,7 +155,10 @@ class WeightRoutes(ControlRoutes):
             )
         if type(n) is not int or not 0 < n <= _MAX_PROBE_TOKENS:
             raise GatewayError(400, f"max_tokens must be 1 to {_MAX_PROBE_TOKENS}, got {n!r}")
-        result = await probe_backend(self.gw.http, backend, prompt_ids=ids, max_tokens=n)
+        timeout = _seconds(body, "timeout", 300.0)
+        result = await probe_backend(
+            self.gw.http, backend, prompt_ids=ids, max_tokens=n, timeout=timeout
+        )
         return json_response(result)
 
     async def quarantine(self, request: Request) -> Response:
