@@ -30,9 +30,9 @@ import numpy as np
 from rollwire.data.protocol import ModelCall, Rollout
 from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.engine import tokenizer_dir
-from rollwire.gateway.parsers import HermesParser
-from rollwire.gateway.render import ChatRenderer
-from rollwire.gateway.tokens_heal import Healer
+from rollwire.gateway.tokens.heal import Healer
+from rollwire.gateway.tokens.parsers import HermesParser
+from rollwire.gateway.tokens.render import ChatRenderer
 
 TOOLS = [
     {

@@ -12,7 +12,7 @@ import pytest
 
 from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.gateway import RunningGateway, serve_in_thread
-from rollwire.gateway.render import ChatRenderer
+from rollwire.gateway.tokens.render import ChatRenderer
 
 SYSTEM = "You add numbers with the add tool."
 TASK = "Add 1 and 2, then 3 and 4, then 7 and 3, then 10 and 0."

@@ -21,7 +21,7 @@ import pytest
 
 from rollwire.agent.context import anthropic_client, async_anthropic_client
 from rollwire.gateway import RunningGateway
-from rollwire.gateway.render import ChatRenderer
+from rollwire.gateway.tokens.render import ChatRenderer
 from rollwire.trainer.gateway_client import SessionHandle
 
 from .conftest import PARAMETERS, SCRIPT, SYSTEM, TASK, expected, script

@@ -775,12 +775,13 @@ def test_models_card_fields(engine: EmbeddedEngine) -> None:
 
 
 def test_sglang_pause_continue_and_abort(engine: EmbeddedEngine) -> None:
-    r = _post(engine, "/pause_generation", {"mode": "keep"})
-    assert r.json() == {"status": "paused", "mode": "keep"}
+    r = _post(engine, "/pause_generation", {"mode": "in_place"})  # SGLang's shapes and modes
+    assert r.json() == {"message": "Generation paused successfully.", "status": "ok"}
     assert httpx.get(engine.url + "/is_paused").json() == {"is_paused": True}
-    assert _post(engine, "/continue_generation", {}).json() == {"status": "resumed"}
+    r = _post(engine, "/continue_generation", {})
+    assert r.json() == {"message": "Generation continued successfully.", "status": "ok"}
     assert httpx.get(engine.url + "/is_paused").json() == {"is_paused": False}
-    assert _post(engine, "/pause_generation", {"mode": "bogus"}).status_code == 400
+    assert _post(engine, "/pause_generation", {"mode": "keep"}).status_code == 400  # vLLM's name
 
     async def go() -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=30) as c:

@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-import rollwire.gateway.app as gateway_app
+import rollwire.gateway.live_sessions as live_sessions
 from rollwire.agent.serving import ServerThread
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire.testing.null_backend import NullBackend
@@ -156,7 +156,7 @@ def test_unexpected_error_is_500_and_a_failed_call(
     def broken(*args: Any) -> None:
         raise RuntimeError("capture exploded")
 
-    import rollwire.gateway.dispatch as dispatch
+    import rollwire.gateway.dataplane.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "fill_call", broken)
     r = _post(h.base_url + "/chat/completions")
@@ -413,7 +413,7 @@ def test_session_cache_keeps_no_terminal_or_expired_sessions(
     assert httpx.get(h.base_url + "/models").status_code == 200
     assert h.session_id not in gw.sessions  # a closed session is not cached again
 
-    monkeypatch.setattr(gateway_app, "_MAX_CACHED_SESSIONS", 3)
+    monkeypatch.setattr(live_sessions, "_MAX_CACHED_SESSIONS", 3)
     handles = [client.create_session() for _ in range(5)]
     for hh in handles:
         assert _post(hh.base_url + "/chat/completions").status_code == 200

@@ -7,7 +7,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from rollwire.gateway.upstream import UpstreamBrokenError, UpstreamConnectError, UpstreamPool
+from rollwire.gateway.backends.upstream import (
+    UpstreamBrokenError,
+    UpstreamConnectError,
+    UpstreamPool,
+)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 HDRS = b"Content-Type: application/json\r\nX-Session-ID: s1\r\n"

@@ -149,7 +149,7 @@ def test_sync_weight_version_sets_servers_then_gateway(vllm_like: tuple[VLLMLike
 
 
 def test_policy_version_flags() -> None:
-    from rollwire.gateway.capture import resolve_policy_version
+    from rollwire.gateway.dataplane.capture import resolve_policy_version
 
     assert resolve_policy_version(None, None) == (None, None)
     assert resolve_policy_version("default", None) == (None, None)

@@ -99,7 +99,7 @@ def test_metrics_and_health_can_require_the_key() -> None:
 
 
 def test_error_bodies_do_not_echo_internal_exceptions(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rollwire.gateway import calls
+    from rollwire.gateway.dataplane import calls
 
     async def broken(*args: object, **kw: object) -> object:
         raise RuntimeError("internal detail /srv/secret/path")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rollwire.gateway.render import ChatRenderer
+from rollwire.gateway.tokens.render import ChatRenderer
 
 TOOLS: list[dict[str, Any]] = [
     {

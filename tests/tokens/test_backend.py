@@ -8,7 +8,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from rollwire.gateway.tokens_backend import (
+from rollwire.gateway.tokens.backend import (
     BackendFailure,
     _read_sglang,
     _read_vllm,

@@ -7,7 +7,7 @@ import typer
 from typer.testing import CliRunner
 
 from rollwire.cli.doctor import diagnose, doctor_command
-from rollwire.gateway.render import ChatRenderer
+from rollwire.gateway.tokens.render import ChatRenderer
 
 from .conftest import tokenizer_with_template
 

@@ -19,7 +19,7 @@ from rollwire.data.protocol import ModelCall, Rollout
 from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.gateway import RunningGateway, serve_in_thread
-from rollwire.gateway.render import ChatRenderer
+from rollwire.gateway.tokens.render import ChatRenderer
 from rollwire.trainer.gateway_client import GatewayAPIError
 
 from .conftest import TOOLS

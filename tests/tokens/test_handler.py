@@ -22,14 +22,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from rollwire.data.protocol import ModelCall
-from rollwire.gateway import tokens
 from rollwire.gateway.app import Gateway
-from rollwire.gateway.backends import Backend
+from rollwire.gateway.backends.pool import Backend
 from rollwire.gateway.config import GatewayConfig
 from rollwire.gateway.context import ChatContext
-from rollwire.gateway.render import ChatRenderer
-from rollwire.gateway.sampling import apply_sampling
-from rollwire.gateway.tokens_heal import FullRender
+from rollwire.gateway.dataplane.sampling import apply_sampling
+from rollwire.gateway.tokens import handler as tokens
+from rollwire.gateway.tokens.heal import FullRender
+from rollwire.gateway.tokens.render import ChatRenderer
+from rollwire.gateway.tokens.runtime import check_session, runtime_of
 from rollwire.store.base import SessionRecord
 
 from .conftest import TOOLS, tokenizer_with_template
@@ -265,7 +266,7 @@ async def test_long_completion_is_decoded_off_the_event_loop(
     tokenizer_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    answers = _record_threads(monkeypatch, tokens, "_answer")
+    answers = _record_threads(monkeypatch, tokens, "build_answer")
     h = Harness(http, [(_url(fake_vllm), "vllm")], tokenizer_path)
     loop_thread = threading.get_ident()
     await h.chat({"model": "p", "messages": USER})
@@ -342,8 +343,8 @@ async def test_caches_belong_to_the_gateway(
     b = Harness(http, [(_url(fake_vllm), "vllm")], tokenizer_path)
     await a.chat({"model": "p", "messages": USER})
     await b.chat({"model": "p", "messages": USER})
-    ra, rb = tokens.runtime_of(a.gateway), tokens.runtime_of(b.gateway)
-    assert ra is tokens.runtime_of(a.gateway) and ra is not rb
+    ra, rb = runtime_of(a.gateway), runtime_of(b.gateway)
+    assert ra is runtime_of(a.gateway) and ra is not rb
     source = str(tokenizer_path)
     assert ra.load_renderer(source) is ra.load_renderer(source)
     assert ra.load_renderer(source) is not rb.load_renderer(source)
@@ -373,7 +374,7 @@ def _plain_template(tokenizer_path: Path, tmp_path: Path) -> Path:
 
 async def test_check_session_accepts_a_supported_template(tokenizer_path: Path) -> None:
     backend = Backend(name="b0", url=_dead_url(), kind="vllm")
-    await tokens.check_session({"tokenizer": str(tokenizer_path)}, backend)
+    await check_session({"tokenizer": str(tokenizer_path)}, backend)
 
 
 async def test_check_session_refuses_what_a_request_would(
@@ -383,15 +384,15 @@ async def test_check_session_refuses_what_a_request_would(
     plain = _plain_template(tokenizer_path, tmp_path)
     vllm = Backend(name="b0", url=_dead_url(), kind="vllm")
     with pytest.raises(ValueError, match="no tool-call parser"):
-        await tokens.check_session({"tokenizer": str(plain)}, vllm)
+        await check_session({"tokenizer": str(plain)}, vllm)
     with pytest.raises(ValueError, match="token-in backend"):
-        await tokens.check_session(
+        await check_session(
             {"tokenizer": str(tokenizer_path)}, Backend(name="o", url=vllm.url, kind="openai")
         )
     with pytest.raises(ValueError, match="needs the model's tokenizer"):
-        await tokens.check_session({}, vllm)
+        await check_session({}, vllm)
     with pytest.raises(ValueError, match="cannot load"):
-        await tokens.check_session({"tokenizer": str(tmp_path / "missing")}, vllm)
+        await check_session({"tokenizer": str(tmp_path / "missing")}, vllm)
 
 
 async def test_check_session_uses_the_gateway_runtime(
@@ -401,8 +402,8 @@ async def test_check_session_uses_the_gateway_runtime(
     await h.gateway.startup()
     try:
         backend = h.backend(_url(fake_vllm))
-        await tokens.check_session(h.session.metadata, backend, gateway=h.gateway)
-        runtime = tokens.runtime_of(h.gateway)
+        await check_session(h.session.metadata, backend, gateway=h.gateway)
+        runtime = runtime_of(h.gateway)
         loaded = runtime.load_renderer(str(tokenizer_path))
         await h.chat({"model": "p", "messages": USER, "tools": TOOLS})
         assert h.state["tokens.healer"].renderer is loaded

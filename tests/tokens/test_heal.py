@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollwire.gateway.parsers import HermesParser
-from rollwire.gateway.render import ChatRenderer
-from rollwire.gateway.tokens_heal import Healer, same_assistant
+from rollwire.gateway.tokens.heal import Healer, same_assistant
+from rollwire.gateway.tokens.parsers import HermesParser
+from rollwire.gateway.tokens.render import ChatRenderer
 
 from .conftest import TOOLS
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rollwire.gateway.parsers import (
+from rollwire.gateway.tokens.parsers import (
     HermesParser,
     ParsedCompletion,
     Qwen3CoderParser,
@@ -18,7 +18,7 @@ from rollwire.gateway.parsers import (
     register_parser,
     split_reasoning,
 )
-from rollwire.gateway.render import ChatRenderer
+from rollwire.gateway.tokens.render import ChatRenderer
 
 from .conftest import TOOLS, tokenizer_with_template
 
@@ -151,6 +151,6 @@ def test_register_parser_first() -> None:
         register_parser(Shouty(), first=True)
         assert detect_parser("SHOUT <tool_call>").name == "shouty"  # type: ignore[union-attr]
     finally:
-        from rollwire.gateway import parsers as mod
+        from rollwire.gateway.tokens import parsers as mod
 
         mod._REGISTRY[:] = before

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rollwire.gateway.render import ChatRenderer, message_text, normalize_messages
+from rollwire.gateway.tokens.render import ChatRenderer, message_text, normalize_messages
 
 from .conftest import TOOLS, tokenizer_with_template
 
@@ -77,7 +77,7 @@ def test_from_dir_errors(tmp_path: Path, tokenizer_path: Path) -> None:
 def test_missing_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
-    from rollwire.gateway import render
+    from rollwire.gateway.tokens import render
 
     real = builtins.__import__
 

@@ -20,9 +20,9 @@ import typer
 
 from rollwire.data.arrays import common_prefix_len
 from rollwire.data.trajectory import classify_fork
-from rollwire.gateway.parsers import detect_parser, parse_completion
-from rollwire.gateway.render import ChatRenderer
-from rollwire.gateway.tokens_heal import Healer
+from rollwire.gateway.tokens.heal import Healer
+from rollwire.gateway.tokens.parsers import detect_parser, parse_completion
+from rollwire.gateway.tokens.render import ChatRenderer
 
 __all__ = ["CaseReport", "DoctorReport", "diagnose", "doctor_command", "print_report"]
 

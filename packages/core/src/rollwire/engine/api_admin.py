@@ -1,10 +1,9 @@
-"""Admin routes of the engine: weight versions, pause and resume (vLLM's and SGLang's names),
-model list and info, health."""
+"""Admin routes of the engine: weight versions, reloads, pause and resume, the prefix cache
+(vLLM's dev-mode routes and SGLang's pause names), model list and info, health. SGLang's weight
+reload lives with its other routes in :mod:`.api_sglang`."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 from starlette.requests import Request
@@ -12,51 +11,117 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .http import _body, _HTTPError, _json, endpoint
+from .model import WeightsError
 from .runtime import Engine
+from .scheduler import PauseMode
+from .validation import _bad, _bool
 
 __all__ = ["routes"]
 
 
 async def update_weight_version(engine: Engine, request: Request) -> Response:
+    """vLLM's ``{"success", "new_version"}`` plus SGLang's ``message`` (both servers' clients)."""
     body = await _body(request)
     new = body.get("new_version")
-    if new is None:
-        raise _HTTPError(400, "'new_version' is required", param="new_version")
-    old = engine.weight_version
+    if not isinstance(new, (str, int)) or isinstance(new, bool):
+        raise _bad("new_version", "a string", new)
     engine.weight_version = str(new)
     return _json(
-        {"success": True, "message": f"weight version {old} -> {new}", "new_version": str(new)}
+        {"success": True, "message": f"Weight version updated to {new}", "new_version": str(new)}
     )
+
+
+async def weight_info(engine: Engine, request: Request) -> Response:
+    """vLLM's ``GET /weight_info``."""
+    return _json({"weight_version": engine.weight_version})
 
 
 async def get_weight_version(engine: Engine, request: Request) -> Response:
     return _json({"weight_version": engine.weight_version})
 
 
+_VLLM_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "wait", "keep": "keep"}
+
+
 async def pause(engine: Engine, request: Request) -> Response:
-    mode = request.query_params.get("mode")
-    if mode is None and request.method == "POST":
-        with contextlib.suppress(_HTTPError):
-            mode = (await _body(request)).get("mode")
-    mode = mode or "abort"
-    if mode not in ("abort", "wait", "keep", "in_place", "retract"):
+    """vLLM's ``POST /pause?mode=abort|wait|keep&clear_cache=true``."""
+    query = dict(request.query_params)
+    mode = query.get("mode", "abort")
+    if mode not in _VLLM_MODES:
         raise _HTTPError(400, f"pause mode must be abort, wait or keep; got {mode!r}", param="mode")
-    if mode == "abort":
-        engine.scheduler.abort(None)
-    elif mode == "wait":
-        while engine.scheduler.num_active:
-            await asyncio.sleep(0.005)
-    engine.scheduler.pause()
-    return _json({"status": "paused", "mode": mode})
+    await engine.pause(_VLLM_MODES[mode], clear_cache=_bool(query, "clear_cache", True))
+    return _json({"status": "paused"})
 
 
 async def resume(engine: Engine, request: Request) -> Response:
-    engine.scheduler.resume()
+    engine.resume()
     return _json({"status": "resumed"})
 
 
 async def is_paused(engine: Engine, request: Request) -> Response:
     return _json({"is_paused": engine.scheduler.paused})
+
+
+#: SGLang's ``/pause_generation`` modes, as the engine runs them (``retract`` keeps the KV too).
+_SGLANG_MODES: dict[str, PauseMode] = {"abort": "abort", "in_place": "keep", "retract": "keep"}
+
+
+async def pause_generation(engine: Engine, request: Request) -> Response:
+    """SGLang's ``POST /pause_generation {"mode": "abort" | "in_place" | "retract"}``."""
+    mode = (await _body(request)).get("mode", "abort")
+    if mode not in _SGLANG_MODES:
+        raise _HTTPError(
+            400, f"mode must be abort, in_place or retract; got {mode!r}", param="mode"
+        )
+    await engine.pause(_SGLANG_MODES[mode], clear_cache=False)
+    return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def continue_generation(engine: Engine, request: Request) -> Response:
+    engine.resume()
+    return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+
+async def reset_prefix_cache(engine: Engine, request: Request) -> Response:
+    """vLLM's ``POST /reset_prefix_cache``: 200, no body. It always succeeds here: the cache
+    holds finished sequences only, which no running request depends on."""
+    await engine.reset_prefix_cache()
+    return Response(status_code=200)
+
+
+async def collective_rpc(engine: Engine, request: Request) -> Response:
+    """vLLM's ``POST /collective_rpc {"method", "args", "kwargs", "timeout"}`` for the one method
+    the engine runs, ``reload_weights(weights_path=...)``; answers ``{"results": [null]}`` (one
+    worker, which returns None)."""
+    body = await _body(request)
+    method = body.get("method")
+    if method is None:
+        raise _HTTPError(400, "Missing 'method' in request body", param="method")
+    if method != "reload_weights":
+        raise _HTTPError(
+            400,
+            f"the embedded engine runs only collective_rpc method 'reload_weights' "
+            f"(kwargs: weights_path); got {method!r}",
+            param="method",
+        )
+    args, kwargs = body.get("args") or [], body.get("kwargs") or {}
+    if args or not isinstance(kwargs, dict):
+        raise _bad("kwargs", 'an object like {"weights_path": DIR} (no positional args)', body)
+    unknown = sorted(set(kwargs) - {"weights_path", "is_checkpoint_format"})
+    if unknown:
+        raise _HTTPError(
+            400, f"reload_weights takes weights_path (and is_checkpoint_format); got {unknown}"
+        )
+    path = kwargs.get("weights_path")
+    if path is not None and not isinstance(path, str):
+        raise _bad("kwargs.weights_path", "a folder path", path)
+    try:
+        await engine.reload_weights(path)
+    except WeightsError as exc:
+        raise _HTTPError(
+            400, f"reload_weights failed, the old weights keep serving: {exc}"
+        ) from exc
+    return _json({"results": [None]})
 
 
 async def models(engine: Engine, request: Request) -> Response:
@@ -105,11 +170,14 @@ def routes(engine: Engine) -> list[Route]:
         Route("/v1/models", endpoint(engine, models), methods=["GET"]),
         Route("/health", endpoint(engine, health), methods=["GET"]),
         Route("/update_weight_version", endpoint(engine, update_weight_version), methods=["POST"]),
+        Route("/weight_info", endpoint(engine, weight_info), methods=["GET"]),
         Route("/get_weight_version", endpoint(engine, get_weight_version), methods=["GET"]),
         Route("/get_model_info", endpoint(engine, model_info), methods=["GET"]),
         Route("/pause", endpoint(engine, pause), methods=["POST"]),
         Route("/resume", endpoint(engine, resume), methods=["POST"]),
         Route("/is_paused", endpoint(engine, is_paused), methods=["GET"]),
-        Route("/pause_generation", endpoint(engine, pause), methods=["POST"]),
-        Route("/continue_generation", endpoint(engine, resume), methods=["POST"]),
+        Route("/reset_prefix_cache", endpoint(engine, reset_prefix_cache), methods=["POST"]),
+        Route("/collective_rpc", endpoint(engine, collective_rpc), methods=["POST"]),
+        Route("/pause_generation", endpoint(engine, pause_generation), methods=["POST"]),
+        Route("/continue_generation", endpoint(engine, continue_generation), methods=["POST"]),
     ]

@@ -1,5 +1,5 @@
-"""SGLang's native routes of the engine: ``/generate`` (``input_ids`` or ``text``) and
-``/abort_request``."""
+"""SGLang's native routes of the engine: ``/generate`` (``input_ids`` or ``text``),
+``/abort_request``, ``/update_weights_from_disk`` and ``/flush_cache``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .http import _body, _HTTPError, _json, endpoint
+from .model import WeightsError
 from .runtime import Engine, _apply_faults, _token_route_forced
-from .validation import _params
+from .validation import _bad, _bool, _params
 
 __all__ = ["routes"]
+
+_FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
 
 
 async def sglang_generate(engine: Engine, request: Request) -> Response:
@@ -76,6 +82,46 @@ async def sglang_generate(engine: Engine, request: Request) -> Response:
     return _json(out)
 
 
+async def update_weights_from_disk(engine: Engine, request: Request) -> Response:
+    """SGLang's ``POST /update_weights_from_disk {"model_path", "weight_version"?,
+    "abort_all_requests"?}``: ``{"success", "message", "num_paused_requests"}``, 400 on failure.
+
+    As SGLang does, it waits for the requests in flight to finish (holding new ones) unless
+    generation is paused, in which case paused requests continue on the new weights.
+    """
+    body = await _body(request)
+    path = body.get("model_path")
+    if not isinstance(path, str) or not path:
+        raise _bad("model_path", "a model folder path", path)
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, (str, int)):
+        raise _bad("weight_version", "a string", version)
+    if _bool(body, "abort_all_requests", False):
+        engine.scheduler.abort(None)
+    paused = engine.scheduler.paused
+    num_paused = await engine.pause("keep") if paused else await engine.pause("wait")
+    try:
+        await engine.reload_weights(path, version=None if version is None else str(version))
+    except WeightsError as exc:
+        out = {"success": False, "message": f"Failed to get weights iterator: {exc}."}
+        return _json({**out, "num_paused_requests": num_paused if paused else 0}, 400)
+    finally:
+        if not paused and not _bool(body, "keep_pause", False):
+            engine.resume()
+    message = "Succeeded to update model weights."
+    if version is not None:
+        message += f" Weight version updated to {version}."
+    return _json(
+        {"success": True, "message": message, "num_paused_requests": num_paused if paused else 0}
+    )
+
+
+async def flush_cache(engine: Engine, request: Request) -> Response:
+    """SGLang's ``/flush_cache`` (GET or POST): its text answer, 200."""
+    await engine.reset_prefix_cache()
+    return Response(_FLUSHED, status_code=200, media_type="text/plain")
+
+
 async def sglang_abort(engine: Engine, request: Request) -> Response:
     body = await _body(request)
     rid = body.get("rid")
@@ -88,4 +134,10 @@ def routes(engine: Engine) -> list[Route]:
     return [
         Route("/generate", endpoint(engine, sglang_generate), methods=["POST"]),
         Route("/abort_request", endpoint(engine, sglang_abort), methods=["POST"]),
+        Route(
+            "/update_weights_from_disk",
+            endpoint(engine, update_weights_from_disk),
+            methods=["POST"],
+        ),
+        Route("/flush_cache", endpoint(engine, flush_cache), methods=["GET", "POST"]),
     ]

@@ -65,22 +65,6 @@ class _Renderer:
         return out
 
 
-def _sglext_chunk(
-    kind: str, rid: str, created: int, name: str, prompt_ids: list[int], output_ids: list[int]
-) -> bytes:
-    """SGLang's final stream chunk for ``return_output_ids_in_sglext`` (ids of choice 0)."""
-    return _sse(
-        {
-            "id": rid,
-            "object": kind,
-            "created": created,
-            "model": name,
-            "choices": [],
-            "sglext": {"input_ids": prompt_ids, "output_ids": output_ids},
-        }
-    )
-
-
 class _TextStream:
     """Incremental detokenization that never emits half a UTF-8 character or part of a stop string."""
 
@@ -113,27 +97,117 @@ class _Chunker:
         return _sse({**self.head, "choices": choices, **extra})
 
 
+class _StreamState:
+    """What a streamed response's driver (:func:`_sse_stream`) needs from its route: the chunks
+    that open it, the chunks of each token and of each finished choice, and its usage block."""
+
+    def __init__(self, chunk: _Chunker) -> None:
+        self.chunk = chunk
+        self.sent = 0
+        self.completion_tokens = 0
+        self.output_ids: list[int] = []
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def on_token(self, i: int, ev: TokenEvent) -> list[bytes]:
+        raise NotImplementedError
+
+    def on_done(self, i: int, ev: Completion) -> list[bytes]:
+        raise NotImplementedError
+
+    def usage(self, prompt_ids: list[int]) -> dict[str, Any]:
+        tokens = self.completion_tokens
+        return {
+            "prompt_tokens": len(prompt_ids),
+            "total_tokens": len(prompt_ids) + tokens,
+            "completion_tokens": tokens,
+        }
+
+    def finished(self, i: int, ev: Completion) -> list[bytes]:
+        self.completion_tokens += len(ev.output_ids)
+        if i == 0:
+            self.output_ids = list(ev.output_ids)
+        return self.on_done(i, ev)
+
+
+async def _sse_stream(
+    engine: Engine,
+    body: dict[str, Any],
+    prompt_ids: list[int],
+    params: list[SamplingParams],
+    forced: list[int] | None,
+    state: _StreamState,
+    draw: FaultDraw,
+) -> Response:
+    """The SSE response of one streamed chat or completions request: the route's chunks, then
+    SGLang's ``sglext`` chunk and the usage chunk when asked, then ``[DONE]``."""
+    reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
+    sglext = _bool(body, "return_output_ids_in_sglext", False) and not draw.drop_token_ids
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+    async def gen() -> AsyncIterator[bytes]:
+        done = 0
+        try:
+            for c in state.opening():
+                yield c
+            while done < len(params):
+                i, ev = await q.get()
+                if isinstance(ev, Exception):
+                    yield _error_event(ev)
+                    return
+                if isinstance(ev, TokenEvent):
+                    for c in state.on_token(i, ev):
+                        yield c
+                    if draw.truncate_stream and state.sent >= 2:
+                        raise _CutStream  # injected fault: the connection drops mid-body
+                elif isinstance(ev, Completion):
+                    done += 1
+                    for c in state.finished(i, ev):
+                        yield c
+            if draw.truncate_stream:
+                raise _CutStream
+            if sglext:
+                ids = {"input_ids": prompt_ids, "output_ids": state.output_ids}
+                yield state.chunk([], sglext=ids)
+            if include_usage:
+                yield state.chunk([], usage=state.usage(prompt_ids))
+            yield b"data: [DONE]\n\n"
+        finally:
+            for r in reqs:
+                r.abort()
+
+    return _SSEResponse(gen(), media_type="text/event-stream")
+
+
 # ---------------------------------------------------------------------- chat stream
-class _ChatStream:
-    """State of one streamed chat response; :meth:`events` yields its SSE chunks."""
+class _ChatStream(_StreamState):
+    """One streamed chat response (``chat.completion.chunk``)."""
 
     def __init__(
         self, engine: Engine, body: dict[str, Any], params: list[SamplingParams],
         parse_tools: bool, render: _Renderer, chunk: _Chunker, draw: FaultDraw,
+        prompt_ids: list[int],
     ) -> None:  # fmt: skip
+        super().__init__(chunk)
         self.n = len(params)
         self.body = body
         self.render = render
-        self.chunk = chunk
-        self.draw = draw
+        self.prompt_ids = prompt_ids
         self.ret_ids = _bool(body, "return_token_ids", False) and not draw.drop_token_ids
         self.want_lp = params[0].logprobs is not None
         self.texts = [_TextStream(engine, p) for p in params]
         self.parsers = [StreamParser(parse_tools=parse_tools) for _ in params]
         self.tool_seen = [False] * self.n
-        self.sent = 0
-        self.completion_tokens = 0
-        self.output_ids: list[int] = []
+
+    def opening(self) -> list[bytes]:
+        first_extra = {"prompt_token_ids": self.prompt_ids} if self.ret_ids else {}
+        choices = [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}
+            for i in range(self.n)
+        ]  # fmt: skip
+        return [self.chunk(choices, **first_extra)]
 
     def _choice(self, i: int, delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
         c: dict[str, Any] = {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
@@ -160,9 +234,6 @@ class _ChatStream:
         return out
 
     def on_done(self, i: int, ev: Completion) -> list[bytes]:
-        self.completion_tokens += len(ev.output_ids)
-        if i == 0:
-            self.output_ids = list(ev.output_ids)
         frags = self.parsers[i].feed(self.texts[i].visible(ev.text), final=True)
         self.tool_seen[i] = self.tool_seen[i] or any("tool_calls" in f for f in frags)
         out = [self.chunk([self._choice(i, frag)]) for frag in frags]
@@ -174,6 +245,9 @@ class _ChatStream:
             last["weight_versions"] = ev.weight_versions()
         out.append(self.chunk([last]))
         return out
+
+    def usage(self, prompt_ids: list[int]) -> dict[str, Any]:
+        return {**super().usage(prompt_ids), "prompt_tokens_details": None}
 
 
 async def _chat_stream(
@@ -190,80 +264,29 @@ async def _chat_stream(
     name: str,
     draw: FaultDraw,
 ) -> Response:
-    reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
     chunk = _Chunker("chat.completion.chunk", rid, created, name)
-    state = _ChatStream(engine, body, params, parse_tools, render, chunk, draw)
-    sglext = _bool(body, "return_output_ids_in_sglext", False) and not draw.drop_token_ids
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-    async def gen() -> AsyncIterator[bytes]:
-        done = 0
-        try:
-            first_extra = {"prompt_token_ids": prompt_ids} if state.ret_ids else {}
-            opening = [
-                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": None}
-                for i in range(state.n)
-            ]  # fmt: skip
-            yield chunk(opening, **first_extra)
-            while done < state.n:
-                i, ev = await q.get()
-                if isinstance(ev, Exception):
-                    yield _error_event(ev)
-                    return
-                if isinstance(ev, TokenEvent):
-                    for c in state.on_token(i, ev):
-                        yield c
-                    if draw.truncate_stream and state.sent >= 2:
-                        raise _CutStream  # injected fault: the connection drops mid-body
-                elif isinstance(ev, Completion):
-                    done += 1
-                    for c in state.on_done(i, ev):
-                        yield c
-            if draw.truncate_stream:
-                raise _CutStream
-            if sglext:
-                yield _sglext_chunk(
-                    "chat.completion.chunk", rid, created, name, prompt_ids, state.output_ids
-                )
-            if include_usage:
-                tokens = state.completion_tokens
-                usage = {
-                    "prompt_tokens": len(prompt_ids),
-                    "total_tokens": len(prompt_ids) + tokens,
-                    "completion_tokens": tokens,
-                    "prompt_tokens_details": None,
-                }
-                yield chunk([], usage=usage)
-            yield b"data: [DONE]\n\n"
-        finally:
-            for r in reqs:
-                r.abort()
-
-    return _SSEResponse(gen(), media_type="text/event-stream")
+    state = _ChatStream(engine, body, params, parse_tools, render, chunk, draw, prompt_ids)
+    return await _sse_stream(engine, body, prompt_ids, params, forced, state, draw)
 
 
 # ---------------------------------------------------------------------- completions stream
-class _CompletionStream:
-    """State of one streamed completions response."""
+class _CompletionStream(_StreamState):
+    """One streamed completions response (``text_completion``)."""
 
     def __init__(
         self, engine: Engine, params: list[SamplingParams], prompt_ids: list[int],
         render: _Renderer, chunk: _Chunker, ret_ids: bool,
     ) -> None:  # fmt: skip
+        super().__init__(chunk)
         self.params = params
         self.prompt_ids = prompt_ids
         self.render = render
-        self.chunk = chunk
         self.ret_ids = ret_ids
         self.texts = [_TextStream(engine, p) for p in params]
         self.emitted = [""] * len(params)
         self.first = [True] * len(params)
-        self.sent = 0
-        self.completion_tokens = 0
-        self.output_ids: list[int] = []
 
-    def on_token(self, i: int, ev: TokenEvent) -> bytes:
+    def on_token(self, i: int, ev: TokenEvent) -> list[bytes]:
         self.texts[i].ids.append(ev.token_id)
         vis = self.texts[i].visible()
         delta, self.emitted[i] = vis[len(self.emitted[i]) :], vis
@@ -284,12 +307,9 @@ class _CompletionStream:
                 c["prompt_token_ids"] = self.prompt_ids
         self.first[i] = False
         self.sent += 1
-        return self.chunk([c])
+        return [self.chunk([c])]
 
-    def on_done(self, i: int, ev: Completion) -> bytes:
-        self.completion_tokens += len(ev.output_ids)
-        if i == 0:
-            self.output_ids = list(ev.output_ids)
+    def on_done(self, i: int, ev: Completion) -> list[bytes]:
         rest = ev.text[len(self.emitted[i]) :] if ev.text.startswith(self.emitted[i]) else ""
         last: dict[str, Any] = {
             "index": i,
@@ -300,7 +320,7 @@ class _CompletionStream:
         }
         if self.ret_ids:
             last["token_ids"] = []
-        return self.chunk([last])
+        return [self.chunk([last])]
 
 
 async def _completions_stream(
@@ -315,45 +335,7 @@ async def _completions_stream(
     name: str,
     draw: FaultDraw,
 ) -> Response:
-    reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
     ret_ids = _bool(body, "return_token_ids", False) and not draw.drop_token_ids
-    sglext = _bool(body, "return_output_ids_in_sglext", False) and not draw.drop_token_ids
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     chunk = _Chunker("text_completion", rid, created, name)
     state = _CompletionStream(engine, params, prompt_ids, render, chunk, ret_ids)
-
-    async def gen() -> AsyncIterator[bytes]:
-        done = 0
-        try:
-            while done < len(params):
-                i, ev = await q.get()
-                if isinstance(ev, Exception):
-                    yield _error_event(ev)
-                    return
-                if isinstance(ev, TokenEvent):
-                    yield state.on_token(i, ev)
-                    if draw.truncate_stream and state.sent >= 2:
-                        raise _CutStream
-                elif isinstance(ev, Completion):
-                    done += 1
-                    yield state.on_done(i, ev)
-            if draw.truncate_stream:
-                raise _CutStream
-            if sglext:
-                yield _sglext_chunk(
-                    "text_completion", rid, created, name, prompt_ids, state.output_ids
-                )
-            if include_usage:
-                tokens = state.completion_tokens
-                usage = {
-                    "prompt_tokens": len(prompt_ids),
-                    "total_tokens": len(prompt_ids) + tokens,
-                    "completion_tokens": tokens,
-                }
-                yield chunk([], usage=usage)
-            yield b"data: [DONE]\n\n"
-        finally:
-            for r in reqs:
-                r.abort()
-
-    return _SSEResponse(gen(), media_type="text/event-stream")
+    return await _sse_stream(engine, body, prompt_ids, params, forced, state, draw)

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from .tokenizer import EngineTokenizer
 
-__all__ = ["KVCache", "ModelConfig", "TinyModel"]
+__all__ = ["KVCache", "ModelConfig", "TinyModel", "WeightsError"]
 
 _F32 = np.float32
 #: Query rows per attention block in prefill; bounds the score matrix to ``heads x 256 x S``.
 _QUERY_BLOCK = 256
+
+
+class WeightsError(ValueError):
+    """A model folder that cannot be served: names the file, tensor or key and what was expected."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,48 @@ class _Weights:
     def arrays(self) -> dict[str, np.ndarray]:
         return dict(vars(self))
 
+    @staticmethod
+    def shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        d, L, E, h, V = cfg.d_model, cfg.n_layers, cfg.n_experts, cfg.expert_hidden, cfg.vocab_size
+        return {
+            "embed": (V, d),
+            "attn_norm": (L, d),
+            "wqkv": (L, d, 3 * d),
+            "wo": (L, d, d),
+            "ffn_norm": (L, d),
+            "router": (L, d, E),
+            "w1": (L, E, d, h),
+            "w3": (L, E, d, h),
+            "w2": (L, E, h, d),
+            "final_norm": (d,),
+            "lm_head": (d, V),
+        }
+
+    @classmethod
+    def checked(cls, arrays: dict[str, np.ndarray], cfg: ModelConfig, source: str) -> _Weights:
+        """Weights from ``arrays`` after checking every name, shape and dtype against ``cfg``."""
+        want = cls.shapes(cfg)
+        missing = [k for k in want if k not in arrays]
+        if missing:
+            raise WeightsError(f"{source} has no tensor {missing[0]!r} (missing: {missing})")
+        extra = sorted(set(arrays) - set(want))
+        if extra:
+            raise WeightsError(f"{source} has unexpected tensor(s) {extra}; expected {list(want)}")
+        out: dict[str, np.ndarray] = {}
+        for name, shape in want.items():
+            arr = arrays[name]
+            if arr.dtype not in (np.float32, np.float16):
+                raise WeightsError(
+                    f"tensor {name!r} in {source} is {arr.dtype}; expected float32 (or float16)"
+                )
+            if arr.shape != shape:
+                raise WeightsError(
+                    f"tensor {name!r} in {source} has shape {list(arr.shape)}; "
+                    f"config.json implies {list(shape)}"
+                )
+            out[name] = np.ascontiguousarray(arr, dtype=_F32)
+        return cls(**out)
+
 
 def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     ms = np.mean(x * x, axis=-1, keepdims=True)
@@ -178,23 +225,47 @@ class TinyModel:
         return out
 
     @classmethod
-    def load(cls, folder: str | Path) -> TinyModel:
-        """Load a model written by :meth:`save`."""
+    def load(cls, folder: str | Path, tokenizer: EngineTokenizer | None = None) -> TinyModel:
+        """Load a folder written by :meth:`save` (``weights.npz``) or a Hugging Face Mixtral
+        folder (``*.safetensors``, see :func:`rollwire.engine.hf_import.load_hf`).
+
+        ``tokenizer`` replaces the folder's own; a bad folder raises :class:`WeightsError`.
+        """
         src = Path(folder)
+        if not src.is_dir():
+            raise WeightsError(f"model folder {str(src)!r} does not exist or is not a folder")
+        if not (src / "weights.npz").exists() and any(src.glob("*.safetensors")):
+            from .hf_import import load_hf  # the HF reader imports this module
+
+            return load_hf(src, tokenizer=tokenizer)
         if not (src / "config.json").exists():
-            raise FileNotFoundError(
+            raise WeightsError(
                 f"{src} has no config.json; write one with `rollwire engine save-model {src}`"
             )
-        cfg = ModelConfig(**json.loads((src / "config.json").read_text()))
-        tok = (
-            EngineTokenizer(src / "tokenizer")
-            if (src / "tokenizer").exists()
-            else EngineTokenizer()
-        )
-        with np.load(src / "weights.npz", allow_pickle=False) as data:
-            arrays: dict[str, np.ndarray] = {k: np.asarray(data[k], _F32) for k in data.files}
-            weights = _Weights(**arrays)  # type: ignore[arg-type]
-        return cls(cfg, tok, _weights=weights)
+        if not (src / "weights.npz").exists():
+            raise WeightsError(
+                f"{src} has neither weights.npz (the engine's format) nor *.safetensors "
+                "(a Hugging Face folder); write one with `rollwire engine save-model`"
+            )
+        try:
+            cfg = ModelConfig(**json.loads((src / "config.json").read_text()))
+        except (TypeError, ValueError) as exc:
+            raise WeightsError(f"{src}/config.json is not an engine model config: {exc}") from exc
+        if tokenizer is None:
+            tok_dir = src / "tokenizer"
+            tokenizer = EngineTokenizer(tok_dir) if tok_dir.exists() else EngineTokenizer()
+        if cfg.vocab_size == 0:
+            cfg = replace(cfg, vocab_size=tokenizer.vocab_size)
+        try:
+            with np.load(src / "weights.npz", allow_pickle=False) as data:
+                arrays = {k: np.asarray(data[k]) for k in data.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise WeightsError(f"{src}/weights.npz cannot be read: {exc}") from exc
+        weights = _Weights.checked(arrays, cfg, f"{src}/weights.npz")
+        try:
+            return cls(cfg, tokenizer, _weights=weights)
+        except ValueError as exc:  # a shape the model cannot take (heads, vocab vs tokenizer)
+            raise WeightsError(f"{src}/config.json: {exc}") from exc
 
     # ------------------------------------------------------------------ math
     def _rope_table(self, n: int) -> None:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -17,9 +18,9 @@ from starlette.requests import Request
 from .config import EngineConfig
 from .faults import FaultDraw, FaultInjector
 from .http import _HTTPError, _session_id
-from .model import ModelConfig, TinyModel
+from .model import ModelConfig, TinyModel, WeightsError
 from .sampling import SamplingParams
-from .scheduler import Completion, GenerationRequest, Scheduler
+from .scheduler import Completion, GenerationRequest, PauseMode, Scheduler
 from .scripted import Script, load_script, messages_from_prompt
 from .tokenizer import EngineTokenizer
 
@@ -27,22 +28,30 @@ __all__ = ["Engine"]
 
 logger = logging.getLogger("rollwire.engine.server")
 
+#: What a reload may not change, with the Hugging Face config key each comes from.
+_SHAPE_FIELDS = {
+    "vocab_size": "vocab_size",
+    "n_layers": "num_hidden_layers",
+    "d_model": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "n_experts": "num_local_experts",
+    "top_k": "num_experts_per_tok",
+    "expert_hidden": "intermediate_size",
+    "rope_theta": "rope_theta",
+    "norm_eps": "rms_norm_eps",
+}
+
 
 class Engine:
     """Model, tokenizer, scheduler, script and faults behind the routes (one per app)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.model_dir is not None:
-            self.model = TinyModel.load(config.model_dir)
-        else:
-            mc = config.model or ModelConfig()
-            self.model = TinyModel(
-                replace(mc, seed=config.seed if config.model is None else mc.seed)
-            )
+        self.model = self._initial_model(config)
         if config.max_model_len is not None:  # vLLM's --max-model-len: the context served
             self.model.config = replace(self.model.config, max_model_len=config.max_model_len)
         self.tokenizer: EngineTokenizer = self.model.tokenizer
+        self._reload_lock = asyncio.Lock()
         self.weight_version = config.weight_version
         self.scheduler = Scheduler(
             self.model,
@@ -57,6 +66,67 @@ class Engine:
         )
         self.faults = FaultInjector(config.faults)
         self.created = int(time.time())
+
+    @staticmethod
+    def _initial_model(config: EngineConfig, tokenizer: EngineTokenizer | None = None) -> TinyModel:
+        if config.model_dir is not None:  # the engine's own folder or a Hugging Face one
+            return TinyModel.load(config.model_dir, tokenizer=tokenizer)
+        mc = config.model or ModelConfig()
+        seed = config.seed if config.model is None else mc.seed
+        return TinyModel(replace(mc, seed=seed), tokenizer)
+
+    # ------------------------------------------------------------------ weights and pausing
+    def _compatible(self, path: str | Path | None) -> TinyModel:
+        """The weights at ``path`` (None: what the engine started from) as a model of the served
+        shape, with the served tokenizer and context; raises :class:`WeightsError`."""
+        tok = self.tokenizer
+        if path is None:
+            new = self._initial_model(self.config, tok)
+        else:
+            new = TinyModel.load(path, tokenizer=tok)
+        served, got = self.model.config, new.config
+        for name in _SHAPE_FIELDS:
+            if getattr(got, name) != getattr(served, name):
+                raise WeightsError(
+                    f"{path or 'the start-up model'} has {_SHAPE_FIELDS[name]} "
+                    f"{getattr(got, name)!r} but the engine serves {getattr(served, name)!r}; a "
+                    "reload swaps weights of the same shape (start a new engine for another model)"
+                )
+        return TinyModel(served, tok, _weights=new.w)
+
+    async def reload_weights(self, path: str | Path | None, *, version: str | None = None) -> None:
+        """Load new weights off the event loop, then swap them in between two scheduler steps
+        (dropping the prefix cache); ``version`` is set in the same step. On any problem the old
+        weights keep serving and :class:`WeightsError` says what was wrong."""
+        async with self._reload_lock:
+            model = await asyncio.to_thread(self._compatible, path)
+
+            def swap() -> None:
+                self.scheduler.swap_model(model)
+                self.model = model
+                if version is not None:
+                    self.weight_version = version
+
+            await asyncio.wrap_future(self.scheduler.between_steps(swap))
+
+    async def reset_prefix_cache(self) -> None:
+        """Empty the prefix KV cache (between two steps: the worker owns it)."""
+        await asyncio.wrap_future(self.scheduler.between_steps(self.scheduler.prefix_cache.clear))
+
+    async def pause(self, mode: PauseMode, *, clear_cache: bool = True) -> int:
+        """vLLM's pause: hold new requests; ``abort``/``wait`` return once the requests in flight
+        ended (then ``clear_cache`` empties the prefix cache), ``keep`` once they are frozen.
+        Returns how many requests were in flight."""
+        inflight = self.scheduler.pause(mode)
+        while not self.scheduler.settled(mode, inflight):
+            await asyncio.sleep(0.002)
+        if clear_cache and mode != "keep":
+            await self.reset_prefix_cache()
+        return len(inflight)
+
+    def resume(self) -> None:
+        """Continue after :meth:`pause`."""
+        self.scheduler.resume()
 
     @property
     def model_name(self) -> str:

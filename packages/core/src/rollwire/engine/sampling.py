@@ -7,7 +7,14 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["SamplingParams", "choose_token", "log_softmax", "token_logprobs"]
+__all__ = [
+    "SamplingParams",
+    "choose_token",
+    "log_softmax",
+    "token_logprobs",
+    "token_rank",
+    "top_logprobs",
+]
 
 LogprobsMode = Literal["raw", "processed"]
 
@@ -86,3 +93,18 @@ def choose_token(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator
     cdf = np.cumsum(probs)
     idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return min(idx, vocab - 1)
+
+
+def top_logprobs(lp: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The ``k`` most likely ``(token_id, logprob)`` pairs of one row, best first."""
+    if k <= 0:
+        return []
+    k = min(k, lp.shape[0])
+    idx = np.argpartition(-lp, k - 1)[:k]
+    idx = idx[np.argsort(-lp[idx], kind="stable")]
+    return [(int(i), float(lp[i])) for i in idx]
+
+
+def token_rank(lp: np.ndarray, tid: int) -> int:
+    """1-based rank of ``tid`` in one row of log-probs (ties share the better rank)."""
+    return int(np.count_nonzero(lp > lp[tid])) + 1

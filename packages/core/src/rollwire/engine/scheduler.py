@@ -10,125 +10,26 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from concurrent.futures import Future
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from ._blas import acquire_single_thread_blas, release_single_thread_blas
-from .model import KVCache, TinyModel
+from .model import TinyModel
 from .prefix_cache import PrefixCache
-from .sampling import LogprobsMode, SamplingParams, choose_token, token_logprobs
+from .requests import Completion, FinishReason, GenerationRequest, TokenEvent
+from .sampling import choose_token, token_logprobs, token_rank, top_logprobs
 
-__all__ = ["Completion", "GenerationRequest", "Scheduler", "TokenEvent"]
+__all__ = ["Completion", "GenerationRequest", "PauseMode", "Scheduler", "TokenEvent"]
 
-FinishReason = Literal["stop", "length", "abort"]
+#: vLLM's ``/pause`` modes: abort in-flight requests, wait for them, or freeze them in place.
+PauseMode = Literal["abort", "wait", "keep"]
+_T = TypeVar("_T")
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TokenEvent:
-    """One generated token (sent only to streaming requests)."""
-
-    index: int
-    token_id: int
-    logprob: float
-    rank: int
-    top: list[tuple[int, float]] | None
-    weight_version: str
-
-
-@dataclass
-class Completion:
-    """The finished result of a request."""
-
-    request_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    logprobs: list[float]
-    ranks: list[int]
-    top_logprobs: list[list[tuple[int, float]]] | None
-    finish_reason: FinishReason
-    #: vLLM's ``stop_reason``: the stop string or stop token id that ended it; None for EOS/length.
-    stop_reason: str | int | None
-    #: Visible text: stop token excluded, cut at a matched stop string.
-    text: str
-    #: ``[prompt + output - 1, layers, top_k]`` int32, when asked for.
-    routed_experts: np.ndarray | None
-    #: Weight version under which each output token was sampled.
-    token_versions: list[str]
-    #: Per prompt position: None for the first, else ``(token_id, logprob, rank, top)``.
-    prompt_logprobs: list[tuple[int, float, int, list[tuple[int, float]]] | None] | None = None
-    forced: bool = False
-    #: Prompt tokens whose KV came from the prefix cache (SGLang's ``cached_tokens``).
-    cached_tokens: int = 0
-
-    def weight_versions(self) -> list[dict[str, Any]]:
-        """Runs of equal version as vLLM's ``[{version, start, end}]`` (token index ranges)."""
-        runs: list[dict[str, Any]] = []
-        for i, v in enumerate(self.token_versions):
-            if runs and runs[-1]["version"] == v:
-                runs[-1]["end"] = i + 1
-            else:
-                runs.append({"version": v, "start": i, "end": i + 1})
-        return runs
-
-
-Emit = Callable[[Any], None]
-
-
-@dataclass
-class GenerationRequest:
-    """A request handed to the scheduler; ``emit`` receives TokenEvents (if ``stream``) then a Completion
-    (or an Exception)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    emit: Emit
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    forced_ids: list[int] | None = None
-    stream: bool = False
-    logprobs_mode: LogprobsMode = "raw"
-    want_experts: bool = False
-    aborted: bool = False
-    # --- state owned by the worker thread
-    cache: KVCache | None = None
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    ranks: list[int] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    versions: list[str] = field(default_factory=list)
-    experts: list[np.ndarray] = field(default_factory=list)
-    rng: np.random.Generator | None = None
-    stop_ids: frozenset[int] = frozenset()
-    prompt_lp: list[tuple[int, float, int, list[tuple[int, float]]] | None] | None = None
-    #: Prompt + forced tokens to prefill, how many are in the cache, how many came from reuse.
-    seq: list[int] = field(default_factory=list)
-    fed: int = 0
-    cached_tokens: int = 0
-    forced_end: tuple[FinishReason, str | int | None] = ("stop", None)
-
-    def abort(self) -> None:
-        """Ask the worker to stop this request at the next step (finish_reason ``abort``)."""
-        self.aborted = True
-
-
-def _top(lp: np.ndarray, k: int) -> list[tuple[int, float]]:
-    if k <= 0:
-        return []
-    k = min(k, lp.shape[0])
-    idx = np.argpartition(-lp, k - 1)[:k]
-    idx = idx[np.argsort(-lp[idx], kind="stable")]
-    return [(int(i), float(lp[i])) for i in idx]
-
-
-def _rank(lp: np.ndarray, tid: int) -> int:
-    return int(np.count_nonzero(lp > lp[tid])) + 1
 
 
 class Scheduler:
@@ -159,8 +60,18 @@ class Scheduler:
         self._seeds = np.random.SeedSequence(seed)
         self._thread: threading.Thread | None = None
         self._running = False
-        self._paused = threading.Event()
-        self._paused.set()  # set = running; cleared = paused (keep)
+        #: Paused: new requests wait in ``_held`` (not the worker's queue) until resume.
+        self._hold = False
+        self._held: list[GenerationRequest] = []
+        #: ``keep`` pause: the worker does no model work; ``_frozen_seen`` once it stopped.
+        self._frozen = False
+        self._frozen_seen = threading.Event()
+        self._kick = threading.Event()
+        self._control: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        #: Bumped by :meth:`swap_model`; requests admitted before a swap skip the prefix cache.
+        self.weights_gen = 0
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         #: Decode steps and prefill chunks run so far (tests check batching and interleaving).
         self.steps = 0
@@ -179,17 +90,21 @@ class Scheduler:
     def stop(self) -> None:
         """Abort everything, join the worker and give back the BLAS thread setting."""
         self._running = False
-        self._paused.set()
-        self._queue.put(None)
+        self._wake()
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
             release_single_thread_blas()
 
     def submit(self, req: GenerationRequest) -> None:
-        """Queue a request; results arrive through ``req.emit``."""
+        """Queue a request (held until :meth:`resume` while paused); results arrive through
+        ``req.emit``."""
         with self._lock:
             self._by_id[req.request_id] = req
+            if self._hold:
+                req.held = True
+                self._held.append(req)
+                return
         self._queue.put(req)
 
     def abort(self, request_ids: list[str] | None = None) -> int:
@@ -204,42 +119,101 @@ class Scheduler:
             r.abort()
         return len(reqs)
 
-    def pause(self) -> None:
-        """Freeze decoding (requests stay in place) until :meth:`resume`."""
-        self._paused.clear()
+    # ----------------------------------------------------------------- pause and weights
+    def pause(self, mode: PauseMode = "keep") -> list[GenerationRequest]:
+        """Hold new requests until :meth:`resume`; ``abort`` aborts the requests in flight,
+        ``wait`` lets them run, ``keep`` freezes them in place. Returns the requests in flight
+        (a caller of ``abort``/``wait`` waits for them to finish, see :meth:`settled`)."""
+        with self._lock:
+            self._hold = True
+            inflight = [r for r in self._by_id.values() if not r.held]
+        if mode == "keep":
+            self._frozen_seen.clear()
+            self._frozen = True
+        else:
+            self._frozen = False
+            if mode == "abort":
+                for r in inflight:
+                    r.abort()
+        self._wake()
+        return inflight
 
     def resume(self) -> None:
-        """Continue after :meth:`pause`."""
-        self._paused.set()
+        """Continue after :meth:`pause`: frozen requests go on, held ones are queued in order."""
+        with self._lock:
+            self._hold = False
+            self._frozen = False
+            for r in self._held:
+                r.held = False
+                self._queue.put(r)
+            self._held = []
+        self._wake()
+
+    def settled(self, mode: PauseMode, inflight: list[GenerationRequest]) -> bool:
+        """Whether a :meth:`pause` took effect: the worker stopped (``keep``), or every request
+        it returned finished (``abort``, ``wait``)."""
+        if mode == "keep":
+            return self._thread is None or self._frozen_seen.is_set() or not self._frozen
+        return all(r.finished for r in inflight)
 
     @property
     def paused(self) -> bool:
-        """Whether decoding is frozen."""
-        return not self._paused.is_set()
+        """Whether new requests are held (between :meth:`pause` and :meth:`resume`)."""
+        return self._hold
 
     @property
     def num_active(self) -> int:
-        """Requests admitted or waiting."""
+        """Requests admitted, queued or held."""
         with self._lock:
             return len(self._by_id)
 
+    def between_steps(self, fn: Callable[[], _T]) -> Future[_T]:
+        """Run ``fn`` on the worker thread between two steps (also while frozen), so no forward
+        pass sees half of what it changes; runs it at once when the worker is not running."""
+        fut: Future[_T] = Future()
+        if self._thread is None:
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+            return fut
+        self._control.put((fn, fut))
+        self._wake()
+        return fut
+
+    def swap_model(self, model: TinyModel) -> None:
+        """Serve ``model`` from the next step on and drop the prefix cache (its KV came from the
+        old weights); call it through :meth:`between_steps` while the worker runs."""
+        self.model = model
+        self.weights_gen += 1
+        self.prefix_cache.clear()
+
     # ----------------------------------------------------------------- worker
+    def _wake(self) -> None:
+        self._kick.set()
+        self._queue.put(None)  # unblocks a worker idle on the queue
+
+    def _run_control(self) -> None:
+        while True:
+            try:
+                fn, fut = self._control.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+
     def _loop(self) -> None:
         while self._running:
-            self._paused.wait()
             try:
-                block = not self._active and not self._prefilling
-                while len(self._active) + len(self._prefilling) < self._max_batch:
-                    try:
-                        req = self._queue.get(block=block, timeout=0.5 if block else None)
-                    except queue.Empty:
-                        break
-                    block = False
-                    if req is None:
-                        if not self._running:
-                            break
-                        continue
-                    self._admit(req)
+                self._run_control()
+                if self._frozen:
+                    self._idle_frozen()
+                    continue
+                self._admit_queued()
                 # One prefill chunk, then one decode step: a long prompt delays the other
                 # streams by a chunk's worth of compute per token, never by its whole prefill.
                 self._prefill_chunk()
@@ -253,23 +227,56 @@ class Scheduler:
                     self._fail(r, exc)
                 self._active = []
                 self._prefilling.clear()
+        self._shut_down()
+
+    def _admit_queued(self) -> None:
+        block = not self._active and not self._prefilling
+        while len(self._active) + len(self._prefilling) < self._max_batch:
+            try:
+                req = self._queue.get(block=block, timeout=0.5 if block else None)
+            except queue.Empty:
+                return
+            if req is None:  # a wake-up: look at the control queue and the pause first
+                return
+            block = False
+            self._admit(req)
+
+    def _idle_frozen(self) -> None:
+        # Frozen requests keep their place; only aborts (cheap, no model work) are honoured.
+        for r in [r for r in self._active if r.aborted]:
+            self._finish(r, "abort", None)
+        for r in [r for r in self._prefilling if r.aborted]:
+            self._finish(r, "abort", None)
+        self._active = [r for r in self._active if not r.aborted]
+        self._prefilling = deque(r for r in self._prefilling if not r.aborted)
+        self._frozen_seen.set()
+        self._kick.wait(0.5)
+        self._kick.clear()
+
+    def _shut_down(self) -> None:
         for r in [*self._active, *self._prefilling]:
             r.aborted = True
             self._finish(r, "abort", None)
         self._active = []
         self._prefilling.clear()
+        with self._lock:
+            held, self._held = self._held, []
         while True:
             try:
                 req = self._queue.get_nowait()
             except queue.Empty:
                 break
             if req is not None:
-                self._fail(req, RuntimeError("engine stopped"))
+                held.append(req)
+        for req in held:
+            self._fail(req, RuntimeError("engine stopped"))
+        self._run_control()
 
     def _fail(self, req: GenerationRequest, exc: Exception) -> None:
         with self._lock:
             self._by_id.pop(req.request_id, None)
         req.cache = None
+        req.finished = True
         req.emit(exc)
 
     def _admit(self, req: GenerationRequest) -> None:
@@ -278,6 +285,7 @@ class Scheduler:
                 self._finish(req, "abort", None)
                 return
             p = req.params
+            req.weights_gen = self.weights_gen
             req.rng = np.random.default_rng(
                 p.seed if p.seed is not None else self._seeds.spawn(1)[0]
             )
@@ -287,7 +295,7 @@ class Scheduler:
                 stops |= {tok.eos_id, tok.pad_id}
             req.stop_ids = frozenset(stops)
             if req.forced_ids is not None:
-                forced, reason, stop_reason = self._cut_forced(req, req.forced_ids)
+                forced, reason, stop_reason = req.cut_forced(self.model.tokenizer)
                 req.forced_ids = forced
                 req.forced_end = (reason, stop_reason)
             req.seq = req.prompt_ids + (req.forced_ids or [])
@@ -303,28 +311,6 @@ class Scheduler:
         except Exception as exc:
             logger.exception("engine: admitting request %s failed", req.request_id)
             self._fail(req, exc)
-
-    def _cut_forced(
-        self, req: GenerationRequest, forced: list[int]
-    ) -> tuple[list[int], FinishReason, str | int | None]:
-        """Where a scripted reply ends under the request's ``max_tokens`` and stop settings."""
-        p = req.params
-        if p.max_tokens <= 0:
-            return [], "length", None
-        for n, tid in enumerate(forced, start=1):
-            if tid in req.stop_ids:
-                return forced[:n], "stop", tid if tid in p.stop_token_ids else None
-            if p.stop:
-                text = self.model.tokenizer.decode(
-                    forced[:n], skip_special_tokens=p.skip_special_tokens
-                )
-                for s in p.stop:
-                    if s and s in text:
-                        return forced[:n], "stop", s
-            if n >= p.max_tokens and n < len(forced):
-                return forced[:n], "length", None
-        last = forced[-1] if forced else None
-        return forced, "stop", last if last is not None and last in p.stop_token_ids else None
 
     def _prefill_chunk(self) -> None:
         """Feed the next chunk of the oldest prefilling request (round-robin between prompts)."""
@@ -361,7 +347,9 @@ class Scheduler:
             for i in range(end - base):
                 tid = req.prompt_ids[base + i + 1]
                 row = lps[i]
-                req.prompt_lp.append((tid, float(row[tid]), _rank(row, tid), _top(row, k)))
+                req.prompt_lp.append(
+                    (tid, float(row[tid]), token_rank(row, tid), top_logprobs(row, k))
+                )
         if forced:
             f0, f1 = max(base, P - 1), min(b, P - 1 + len(forced))
             if f1 > f0:
@@ -385,8 +373,8 @@ class Scheduler:
     def _record(self, req: GenerationRequest, tid: int, lp: np.ndarray, version: str) -> None:
         p = req.params
         logprob = float(lp[tid])
-        rank = _rank(lp, tid) if p.logprobs is not None else 1
-        top = _top(lp, p.logprobs) if p.logprobs else []
+        rank = token_rank(lp, tid) if p.logprobs is not None else 1
+        top = top_logprobs(lp, p.logprobs) if p.logprobs else []
         req.output_ids.append(tid)
         req.logprobs.append(logprob)
         req.ranks.append(rank)
@@ -482,7 +470,11 @@ class Scheduler:
         if req.want_experts and all_experts is not None:
             # Every token fed through the model has experts; the last output token never was.
             experts = all_experts[: max(len(req.prompt_ids) + len(ids) - 1, 0)]
-        if req.cache is not None and all_experts is not None:
+        if (
+            req.cache is not None
+            and all_experts is not None
+            and req.weights_gen == self.weights_gen
+        ):
             fed = req.seq if req.forced_ids is not None else req.prompt_ids + ids
             self.prefix_cache.insert(fed, req.cache, all_experts)
         completion = Completion(
@@ -503,14 +495,5 @@ class Scheduler:
         )
         req.cache = None
         req.experts = []
+        req.finished = True
         req.emit(completion)
-
-
-def wait_idle(scheduler: Scheduler, timeout: float = 10.0) -> bool:
-    """Block until no request is in flight (tests and pause-wait)."""
-    deadline = time.monotonic() + timeout
-    while scheduler.num_active:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True

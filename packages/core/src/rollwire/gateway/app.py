@@ -1,12 +1,12 @@
 """The gateway: an ASGI app with the OpenAI-compatible data plane and the ``/api`` control plane.
 
 This module is the entry point and the routing: :class:`Gateway` holds the state (store, backend
-pool, live sessions, pause and drain) and dispatches data-plane requests by hand (no router on
-the hot path) to the handlers in :attr:`Gateway.call_routes`; ``/api``, ``/health`` and
-``/metrics`` go to a small Starlette app (:mod:`rollwire.gateway.control`). The handlers live in
-:mod:`~rollwire.gateway.calls` (per route), :mod:`~rollwire.gateway.dispatch` (upstream),
-:mod:`~rollwire.gateway.relay` (streams) and :mod:`~rollwire.gateway.commit` (the store): every
-captured call is committed before its response (or its final SSE event) leaves the gateway.
+pool, live sessions in :mod:`.live_sessions`, pause, drain and policy version in
+:mod:`.shared_state`) and dispatches data-plane requests by hand (no router on the hot path) to
+the handlers in :attr:`Gateway.call_routes`; ``/api``, ``/health`` and ``/metrics`` go to a small
+Starlette app (:mod:`.control.routes`). The handlers live in :mod:`.dataplane`: ``calls`` (per
+route), ``dispatch`` (upstream), ``relay`` (streams) and ``commit`` (the store): every captured
+call is committed before its response (or its final SSE event) leaves the gateway.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import hmac
 import itertools
 import logging
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import aiohttp
 from starlette.routing import BaseRoute
 
-from rollwire.gateway import calls, dialects
+from rollwire.gateway import dialects
 from rollwire.gateway.asgi import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -37,30 +36,25 @@ from rollwire.gateway.asgi import (
     lifespan,
     read_body,
 )
-from rollwire.gateway.backends import BackendPool
+from rollwire.gateway.backends.pool import BackendPool
+from rollwire.gateway.backends.upstream import UpstreamPool
 from rollwire.gateway.config import BackendSpec, GatewayConfig
-from rollwire.gateway.control import build_control_app
+from rollwire.gateway.control.foreign_results import SESSION_CONTROL_PATHS, foreign_result_routes
+from rollwire.gateway.control.routes import build_control_app
+from rollwire.gateway.dataplane import calls
+from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.errors import GatewayError
-from rollwire.gateway.foreign_results import SESSION_CONTROL_PATHS, foreign_result_routes
+from rollwire.gateway.live_sessions import LiveSessions
 from rollwire.gateway.metrics import GatewayMetrics
-from rollwire.gateway.security import TokenError, TokenSigner, new_secret
-from rollwire.gateway.sessions import SessionState
+from rollwire.gateway.security import TokenSigner, new_secret
+from rollwire.gateway.shared_state import SharedState
 from rollwire.gateway.ui import ui_routes
-from rollwire.gateway.upstream import UpstreamPool
-from rollwire.store import SessionNotFound, SessionRecord, Store, open_store
+from rollwire.store import SessionRecord, Store, open_store
 
 __all__ = ["CallHandler", "Gateway"]
 
 log = logging.getLogger("rollwire.gateway")
 
-_NO_TOKEN = (
-    "missing session token: use base_url {gateway}/s/<token>/v1 or "
-    "'Authorization: Bearer <token>' on /v1"
-)
-_MAX_CACHED_SESSIONS = 65_536  # live sessions kept in memory; idle ones past it are evicted
-# Settings in the store that every gateway on it shares.
-_PAUSED = "gateway:paused"
-_POLICY_VERSION = "gateway:policy_version"
 
 #: A data-plane handler for a POST that makes a model call: (gateway, scope, session, path, raw
 #: body) -> the ASGI response. Register one per path in :attr:`Gateway.call_routes`.
@@ -78,7 +72,7 @@ async def _watch_hangup(receive: Any, hangup: asyncio.Event) -> None:
             return
 
 
-class Gateway:
+class Gateway(LiveSessions, SharedState):
     """The gateway's state and its ASGI entry point (``gateway.app`` or the instance itself)."""
 
     def __init__(self, config: GatewayConfig | None = None, *, store: Store | None = None) -> None:
@@ -234,133 +228,7 @@ class Gateway:
         """The ASGI application (the gateway itself)."""
         return self
 
-    # ------------------------------------------------------------------ sessions
-    def authenticate(self, token: str | None) -> str:
-        """The session id a data-plane token names (401 otherwise)."""
-        return self.authenticate_full(token)[0]
-
-    def authenticate_full(self, token: str | None) -> tuple[str, str | None]:
-        """``(session id, incarnation or None)`` a data-plane token names (401 otherwise)."""
-        if not token:
-            raise GatewayError(401, _NO_TOKEN, "authentication_error", "missing_token")
-        try:
-            return self.signer.verify_full(token)
-        except TokenError as exc:
-            if self.config.open:
-                return token, None
-            self.metrics.error("unauthorized")
-            raise GatewayError(401, str(exc), "authentication_error", "invalid_token") from exc
-
-    async def session_state(self, session_id: str) -> SessionState:
-        """The live state of a session (loaded from the store on first use)."""
-        st = self.sessions.get(session_id)
-        if st is not None:
-            self.sessions.move_to_end(session_id)
-            return st
-        rec = await self.store.get_session(session_id)
-        if rec is None:
-            if not self.config.open:
-                raise GatewayError(
-                    404,
-                    f"session {session_id!r} not found",
-                    "invalid_request_error",
-                    "session_not_found",
-                )
-            rec = SessionRecord(session_id=session_id)
-            with contextlib.suppress(ValueError):
-                await self.store.create_session(rec)
-            rec = await self.store.get_session(session_id) or rec
-        shared: Any = None
-        if not rec.terminal:
-            # Another gateway (or this one before a restart) may have routed it already.
-            shared = await self.store.get_setting(f"sticky:{session_id}")
-        st = self.sessions.get(session_id)
-        if st is None:
-            st = SessionState(rec)
-            if isinstance(shared, str) and self.pool.stick(session_id, shared):
-                st.shared_backend = shared
-            if not rec.terminal:  # a closed session needs no state: its calls get 409
-                self.sessions[session_id] = st
-                if len(self.sessions) > _MAX_CACHED_SESSIONS:
-                    for old in self._evict(time.time()):
-                        self.spawn(self.expire(old))
-        return st
-
-    def _evict(self, now: float) -> list[SessionRecord]:
-        """Drop expired sessions (returned, to be timed out), then least recently used idle ones
-        past the bound."""
-        expired = []
-        for sid, st in list(self.sessions.items()):
-            exp = st.record.expires_at
-            if st.in_flight == 0 and exp is not None and exp < now:
-                del self.sessions[sid]
-                expired.append(st.record)
-        # Down to 90% of the bound, so a gateway at the bound does not scan on every new session.
-        excess = len(self.sessions) - _MAX_CACHED_SESSIONS * 9 // 10
-        if excess > 0:
-            for sid in [sid for sid, st in self.sessions.items() if st.in_flight == 0][:excess]:
-                del self.sessions[sid]
-                self.metrics.sessions_evicted += 1
-        return expired
-
-    async def _sweep_sessions(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.sweep_interval)
-            for rec in self._evict(time.time()):
-                # Abandoned: nobody completed it before its TTL. It becomes ``timeout`` now,
-                # not whenever someone happens to read it.
-                with contextlib.suppress(Exception):
-                    await self.expire(rec)
-
-    async def expire(self, rec: SessionRecord) -> SessionRecord:
-        """Give a running session past its TTL the status ``timeout`` (returns the record)."""
-        if rec.terminal or rec.expires_at is None or rec.expires_at >= time.time():
-            return rec
-        from rollwire.store import CompletionConflict
-
-        try:
-            new, changed = await self.store.complete(
-                rec.session_id, status="timeout", error="session expired (ttl passed)"
-            )
-        except CompletionConflict as exc:
-            return exc.record  # completed meanwhile
-        except SessionNotFound:
-            return rec
-        if changed:
-            self.metrics.sessions_expired += 1
-            self.session_finished(new)
-        return new
-
-    def issue_token(self, rec: SessionRecord) -> str:
-        """A signed data-plane token for the session."""
-        return self.signer.issue(
-            rec.session_id, rec.expires_at or (time.time() + 3600), rec.incarnation
-        )
-
-    def check_incarnation(self, rec: SessionRecord, incarnation: str | None) -> None:
-        """Refuse (401) a token issued for an earlier session that had this id."""
-        if incarnation is not None and incarnation != rec.incarnation:
-            self.metrics.error("unauthorized")
-            raise GatewayError(
-                401,
-                f"this token was issued for an earlier session {rec.session_id!r} that was "
-                "deleted; the session now under that id has its own token",
-                "authentication_error",
-                "invalid_token",
-            )
-
-    def session_finished(self, rec: SessionRecord) -> None:
-        """Called when a session became terminal: wake waiters, drop routing affinity."""
-        st = self.sessions.get(rec.session_id)
-        if st is not None:
-            st.record = rec
-            if st.in_flight == 0:
-                del self.sessions[rec.session_id]
-        ev = self.waiters.get(rec.session_id)
-        if ev is not None:
-            ev.set()
-        self.pool.forget(rec.session_id)
-
+    # ------------------------------------------------------------------ calls
     def new_call_id(self) -> str:
         """A fresh call id."""
         return f"{self._id_prefix}{next(self._ids):08x}"
@@ -369,7 +237,7 @@ class Gateway:
         self, rec: SessionRecord, body: dict[str, Any]
     ) -> tuple[dict[str, Any], list[str]]:
         """The session's sampling policy applied to ``body`` in place, plus the token budget
-        (:func:`rollwire.gateway.calls.session_sampling`)."""
+        (:func:`rollwire.gateway.dataplane.calls.session_sampling`)."""
         return calls.session_sampling(rec, body)
 
     # ------------------------------------------------------------------ data plane
@@ -439,62 +307,3 @@ class Gateway:
             # Whatever happened above (even an exception while sending): the call is over.
             if counted and st is not None:
                 self._call_over(st)
-
-    # ------------------------------------------------------------------ shared state
-    async def load_shared_state(self) -> None:
-        """Take the pause state and policy version from the store (set by any gateway on it,
-        and kept across restarts)."""
-        paused = bool(await self.store.get_setting(_PAUSED))
-        raw = await self.store.get_setting(_POLICY_VERSION)
-        version = None if raw is None else str(raw)
-        # Follow changes only (what this process set itself stays until someone changes it).
-        last_paused, last_version = self._shared_seen
-        if paused != last_paused and paused != self.paused:
-            self.pause() if paused else self.resume()
-        if version != last_version:
-            self.policy_version = version
-        self._shared_seen = (paused, version)
-
-    async def _follow_shared_state(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.shared_state_interval)
-            try:
-                await self.load_shared_state()
-            except Exception as exc:
-                log.debug("could not read the shared gateway state: %r", exc)
-
-    async def set_paused(self, paused: bool) -> None:
-        """Pause or resume every gateway on this store (this one at once, the others within
-        ``shared_state_interval``); kept across restarts."""
-        await self.store.set_setting(_PAUSED, True if paused else None)
-        self._shared_seen = (paused, self._shared_seen[1])
-        self.pause() if paused else self.resume()
-
-    async def set_policy_version(self, version: str | None) -> None:
-        """Set the policy version stamped on captured calls, for every gateway on this store."""
-        await self.store.set_setting(_POLICY_VERSION, version)
-        self._shared_seen = (self._shared_seen[0], version)
-        self.policy_version = version
-
-    # ------------------------------------------------------------------ pause / drain
-    def pause(self) -> None:
-        """Hold new data-plane calls until :meth:`resume`."""
-        self.paused = True
-        if self._resumed is not None:
-            self._resumed.clear()
-
-    def resume(self) -> None:
-        """Let held and new calls through again."""
-        self.paused = False
-        if self._resumed is not None:
-            self._resumed.set()
-
-    async def drained(self, timeout: float | None = None) -> bool:
-        """Wait until no call is in flight; False on timeout."""
-        if self._drained is None or self.in_flight == 0:
-            return True
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True

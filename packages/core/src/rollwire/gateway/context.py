@@ -1,7 +1,7 @@
 """What a chat-completions capture handler gets from the gateway (the ``tokens`` mode hook).
 
 When a session's ``capture`` is ``"tokens"``, the gateway builds a :class:`ChatContext` and calls
-``rollwire.gateway.tokens.handle_chat(ctx)``, which returns a Starlette ``Response`` (JSON or an
+``rollwire.gateway.tokens.handler.handle_chat(ctx)``, which returns a Starlette ``Response`` (JSON or an
 SSE stream). The handler owns tokenization and the backend call; the gateway owns auth, budgets,
 sampling policy, storage and metrics, reachable through the fields below. Keep this file stable.
 """
@@ -12,13 +12,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rollwire.gateway.sampling import trainable_with
+from rollwire.gateway.dataplane.sampling import trainable_with
 
 if TYPE_CHECKING:
     import aiohttp
 
     from rollwire.data.protocol import ModelCall
-    from rollwire.gateway.backends import Backend
+    from rollwire.gateway.backends.pool import Backend
     from rollwire.gateway.ports import GatewayPort
     from rollwire.store.base import SessionRecord
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import aiohttp
 
-    from rollwire.gateway.backends import BackendPool
+    from rollwire.gateway.backends.pool import BackendPool
+    from rollwire.gateway.backends.upstream import UpstreamPool
     from rollwire.gateway.config import GatewayConfig
+    from rollwire.gateway.dataplane.sessions import SessionState
     from rollwire.gateway.metrics import GatewayMetrics
     from rollwire.gateway.security import TokenSigner
-    from rollwire.gateway.sessions import SessionState
-    from rollwire.gateway.upstream import UpstreamPool
     from rollwire.store import SessionRecord, Store
 
 __all__ = ["GatewayPort"]

@@ -23,8 +23,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from rollwire.data.protocol import TERMINAL_STATUSES
-from rollwire.gateway.control_base import json_response, same_key
-from rollwire.gateway.control_sessions import SessionRoutes
+from rollwire.gateway.control.base import json_response, same_key
+from rollwire.gateway.control.sessions import SessionRoutes
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.ports import GatewayPort
 

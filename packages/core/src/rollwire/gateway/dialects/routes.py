@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import StreamingResponse
 
-from rollwire.gateway import calls
 from rollwire.gateway.asgi import CHAT_PATH, ASGIResponse, RawResponse
+from rollwire.gateway.dataplane import calls
 from rollwire.gateway.dialects import anthropic, responses
 from rollwire.gateway.dialects.anthropic_stream import message_events
 from rollwire.gateway.dialects.errors import DialectError
@@ -28,8 +28,8 @@ from rollwire.gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from rollwire.data.protocol import ModelCall
+    from rollwire.gateway.dataplane.sessions import SessionState
     from rollwire.gateway.ports import GatewayPort
-    from rollwire.gateway.sessions import SessionState
 
 __all__ = [
     "CALL_ROUTES",

@@ -4,7 +4,7 @@ request (``{instance, metadata, inferenceParams, ...}``) and ``GET {url}/health`
 The agent (SageMaker's ``@sagemaker_rft_handler``, or any server that follows the contract)
 calls the model at ``metadata.endpoint + "/v1"`` and reports to ``{endpoint}/complete-rollout``
 and ``/update-reward``: rollwire gives it ``endpoint = {gateway}/s/{token}``, so both land on the
-session (see :mod:`rollwire.gateway.foreign_results`).
+session (see :mod:`rollwire.gateway.control.foreign_results`).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from starlette.responses import StreamingResponse
 
 from rollwire.data.protocol import ModelCall
 from rollwire.gateway.asgi import ASGIResponse, RawResponse
-from rollwire.gateway.backends import Backend
-from rollwire.gateway.capture import Asked, StreamAccumulator, strip_chunk
-from rollwire.gateway.dispatch import (
+from rollwire.gateway.backends.pool import Backend
+from rollwire.gateway.dataplane.capture import Asked, StreamAccumulator, strip_chunk
+from rollwire.gateway.dataplane.dispatch import (
     LOGPROBS_MODE,
     Commit,
     fail_call,
@@ -31,10 +31,10 @@ from rollwire.gateway.dispatch import (
     open_stream,
     upstream_refused,
 )
+from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.errors import GatewayError, error_body
 from rollwire.gateway.ports import GatewayPort
-from rollwire.gateway.sessions import SessionState
-from rollwire.gateway.tokens_response import iterate, sse_chunks
+from rollwire.gateway.tokens.response import iterate, sse_chunks
 
 __all__ = ["StreamRelay", "forward_stream", "restream"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from rollwire.gateway.parsers import split_reasoning
-from rollwire.gateway.render import ChatRenderer, message_text, normalize_messages
+from rollwire.gateway.tokens.parsers import split_reasoning
+from rollwire.gateway.tokens.render import ChatRenderer, message_text, normalize_messages
 
 __all__ = ["FullRender", "HealResult", "Healer", "same_assistant", "same_message"]
 

@@ -7,7 +7,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rollwire.gateway.config import BACKEND_KINDS, BackendSpec
-from rollwire.gateway.control_base import ControlRoutes, json_response, query_number
+from rollwire.gateway.control.base import ControlRoutes, json_response, query_number
 from rollwire.gateway.errors import GatewayError
 
 __all__ = ["AdminRoutes", "check_backend_url"]

@@ -23,8 +23,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from rollwire.data.foreign import read_s3_result, reduce_rewards, step_metrics
-from rollwire.gateway.control_base import json_response
-from rollwire.gateway.control_sessions import SessionRoutes
+from rollwire.gateway.control.base import json_response
+from rollwire.gateway.control.sessions import SessionRoutes
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.ports import GatewayPort
 from rollwire.gateway.security import TokenError

@@ -1,12 +1,12 @@
 """Upstream dispatch: the request a backend gets, the POST with one fail-over, the answer read
-back into the call (non-streamed; streams go through :mod:`rollwire.gateway.relay`)."""
+back into the call (non-streamed; streams go through :mod:`rollwire.gateway.dataplane.relay`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
@@ -14,13 +14,17 @@ import orjson
 
 from rollwire.data.protocol import ModelCall
 from rollwire.gateway.asgi import CHAT_PATH, ASGIResponse, RawResponse
-from rollwire.gateway.backends import Backend
-from rollwire.gateway.capture import Asked, Captured, extract, resolve_policy_version
-from rollwire.gateway.capture import strip_response as _strip
+from rollwire.gateway.backends.pool import Backend
+from rollwire.gateway.backends.upstream import (
+    UpstreamBrokenError,
+    UpstreamConnectError,
+    UpstreamError,
+)
+from rollwire.gateway.dataplane.capture import Asked, Captured, extract, resolve_policy_version
+from rollwire.gateway.dataplane.capture import strip_response as _strip
+from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.errors import GatewayError, error_response, upstream_error_body
 from rollwire.gateway.ports import GatewayPort
-from rollwire.gateway.sessions import SessionState
-from rollwire.gateway.upstream import UpstreamBrokenError, UpstreamConnectError, UpstreamError
 
 __all__ = [
     "LOGPROBS_MODE",
@@ -39,6 +43,8 @@ __all__ = [
 LOGPROBS_MODE = {"vllm": "raw", "sglang": "processed"}
 
 Commit = Callable[[ModelCall], Awaitable[None]]
+
+_T = TypeVar("_T")
 
 
 def prepare_body(backend: Backend, fwd: dict[str, Any], chat: bool) -> bytes:
@@ -63,11 +69,57 @@ def prepare_body(backend: Backend, fwd: dict[str, Any], chat: bool) -> bytes:
     return orjson.dumps(body)
 
 
-def _unreachable(last: Exception | None) -> GatewayError:
+def _unreachable(last: BaseException | None) -> GatewayError:
     if last is None:
         return GatewayError(503, "no healthy inference backend", "server_error", "no_backend")
     return GatewayError(
         502, f"inference backend unreachable: {last}", "server_error", "bad_gateway"
+    )
+
+
+async def _with_failover(
+    gw: GatewayPort,
+    st: SessionState,
+    send: Callable[[Backend], Awaitable[_T]],
+    connect_failure: Callable[[BaseException], bool],
+    *,
+    hold: bool,
+) -> tuple[Backend, _T]:
+    """``send`` to the session's backend; on a connection failure (``connect_failure(exc)``),
+    take that backend out and try once more elsewhere. The backend counts the request in flight
+    while ``send`` runs, and after it returns when ``hold`` (the caller then releases it)."""
+    tried: set[str] = set()
+    last: BaseException | None = None
+    for _ in range(2):
+        backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
+        if backend is None:
+            break
+        tried.add(backend.name)
+        backend.in_flight += 1
+        try:
+            result = await send(backend)
+        except BaseException as exc:
+            backend.in_flight -= 1
+            if not connect_failure(exc):
+                raise
+            gw.pool.mark_failed(backend)
+            gw.metrics.error("backend_connect")
+            last = exc
+            continue
+        if not hold:
+            backend.in_flight -= 1
+        return backend, result
+    raise _unreachable(last)
+
+
+def _stream_connect_failure(exc: BaseException) -> bool:
+    """aiohttp's connection errors, but not a read timeout (that is the caller's to answer)."""
+    if not isinstance(
+        exc, (aiohttp.ClientConnectionError, aiohttp.ConnectionTimeoutError, OSError)
+    ):
+        return False
+    return not isinstance(exc, asyncio.TimeoutError) or isinstance(
+        exc, aiohttp.ConnectionTimeoutError
     )
 
 
@@ -76,34 +128,13 @@ async def open_stream(
 ) -> tuple[Backend, aiohttp.ClientResponse]:
     """POST a streamed request; on a connection failure, take the backend out and retry once
     elsewhere. The caller releases the response and the backend's in-flight count."""
-    tried: set[str] = set()
-    last: Exception | None = None
     chat = path == CHAT_PATH
-    for _ in range(2):
-        backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
-        if backend is None:
-            break
-        tried.add(backend.name)
-        backend.in_flight += 1
-        try:
-            resp = await gw.http.post(
-                backend.url + path, data=prepare_body(backend, fwd, chat), headers=headers
-            )
-        except (aiohttp.ClientConnectionError, aiohttp.ConnectionTimeoutError, OSError) as exc:
-            backend.in_flight -= 1
-            if isinstance(exc, asyncio.TimeoutError) and not isinstance(
-                exc, aiohttp.ConnectionTimeoutError
-            ):
-                raise
-            gw.pool.mark_failed(backend)
-            gw.metrics.error("backend_connect")
-            last = exc
-            continue
-        except BaseException:
-            backend.in_flight -= 1
-            raise
-        return backend, resp
-    raise _unreachable(last)
+
+    async def send(backend: Backend) -> aiohttp.ClientResponse:
+        body = prepare_body(backend, fwd, chat)
+        return await gw.http.post(backend.url + path, data=body, headers=headers)
+
+    return await _with_failover(gw, st, send, _stream_connect_failure, hold=True)
 
 
 async def post(
@@ -112,36 +143,26 @@ async def post(
     """POST to a backend with the lean client; on a connection failure, take the backend out
     and retry once elsewhere. Raises :class:`UpstreamBrokenError` when the answer broke off,
     ``asyncio.TimeoutError`` on timeout."""
-    tried: set[str] = set()
-    last: Exception | None = None
     chat = path == CHAT_PATH
-    for _ in range(2):
-        backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
-        if backend is None:
-            break
-        tried.add(backend.name)
-        backend.in_flight += 1
+
+    async def send(backend: Backend) -> tuple[int, bytes]:
         try:
-            status, payload = await gw.upstream.post(
+            return await gw.upstream.post(
                 backend.url,
                 path,
                 prepare_body(backend, fwd, chat),
                 headers,
                 gw.config.upstream_timeout,
             )
-        except UpstreamConnectError as exc:
-            gw.pool.mark_failed(backend)
-            gw.metrics.error("backend_connect")
-            last = exc
-            continue
         except UpstreamBrokenError:
             # Not the backend's "no": it died while answering. The caller may retry once.
             gw.pool.mark_failed(backend)
             raise
-        finally:
-            backend.in_flight -= 1
-        return backend, status, payload
-    raise _unreachable(last)
+
+    backend, (status, payload) = await _with_failover(
+        gw, st, send, lambda exc: isinstance(exc, UpstreamConnectError), hold=False
+    )
+    return backend, status, payload
 
 
 async def fail_call(

@@ -1,9 +1,9 @@
 """The data-plane handlers: one model call from the agent's request to its captured answer.
 
 :func:`handle_call` parses the request and registers the attempt (retry matching), then either
-hands a tokens-mode chat call to :mod:`rollwire.gateway.tokens` or forwards it in passthrough
-(:mod:`rollwire.gateway.dispatch`, :mod:`rollwire.gateway.relay`). Every path commits the call
-through :func:`rollwire.gateway.commit.commit_call` before the agent sees the answer.
+hands a tokens-mode chat call to :mod:`rollwire.gateway.tokens.handler` or forwards it in passthrough
+(:mod:`rollwire.gateway.dataplane.dispatch`, :mod:`rollwire.gateway.dataplane.relay`). Every path commits the call
+through :func:`rollwire.gateway.dataplane.commit.commit_call` before the agent sees the answer.
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ from starlette.responses import Response
 
 from rollwire.data.protocol import ModelCall
 from rollwire.gateway.asgi import CHAT_PATH, MODELS_PATH, ASGIResponse, header
-from rollwire.gateway.capture import Asked
-from rollwire.gateway.commit import commit_call, new_call, store_unavailable
 from rollwire.gateway.context import ChatContext
-from rollwire.gateway.dispatch import Commit, expect_routing, forward
-from rollwire.gateway.errors import GatewayError, error_response
-from rollwire.gateway.ports import GatewayPort
-from rollwire.gateway.relay import forward_stream, restream
-from rollwire.gateway.sampling import (
+from rollwire.gateway.dataplane.capture import Asked
+from rollwire.gateway.dataplane.commit import commit_call, new_call, store_unavailable
+from rollwire.gateway.dataplane.dispatch import Commit, expect_routing, forward
+from rollwire.gateway.dataplane.relay import forward_stream, restream
+from rollwire.gateway.dataplane.sampling import (
     apply_sampling,
     check_sampling,
     tool_choice_flags,
     trainable_with,
 )
-from rollwire.gateway.sessions import Attempt, SessionState
+from rollwire.gateway.dataplane.sessions import Attempt, SessionState
+from rollwire.gateway.errors import GatewayError, error_response
+from rollwire.gateway.ports import GatewayPort
 from rollwire.store import SessionRecord, StoreUnavailable
 
 __all__ = ["check_budget", "handle_call", "handle_request", "internal_error", "models"]
@@ -281,7 +281,7 @@ async def tokens_chat(
 ) -> ASGIResponse:
     """A chat call of a ``capture="tokens"`` session, handed to the tokens-mode handler."""
     # Imported on first use: passthrough-only gateways never load the renderer stack.
-    from rollwire.gateway import tokens
+    from rollwire.gateway.tokens.handler import handle_chat
 
     rec = st.record
     backend = gw.pool.pick(rec.session_id)
@@ -310,7 +310,7 @@ async def tokens_chat(
     )
     backend.in_flight += 1
     try:
-        response: Response = await tokens.handle_chat(ctx)
+        response: Response = await handle_chat(ctx)
     finally:
         backend.in_flight -= 1
     return response

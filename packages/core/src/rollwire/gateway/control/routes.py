@@ -1,7 +1,7 @@
 """The control plane (``/api``, see docs/control-api.md), ``/health`` and ``/metrics``.
 
-Route groups live next door (:mod:`~rollwire.gateway.control_sessions`,
-:mod:`~rollwire.gateway.control_admin`); this module assembles them, plus any routes a gateway
+Route groups live next door (:mod:`~rollwire.gateway.control.sessions`,
+:mod:`~rollwire.gateway.control.admin`); this module assembles them, plus any routes a gateway
 feature adds (:meth:`Gateway.add_routes`), into one Starlette app with OpenAI-shaped errors.
 """
 
@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from rollwire.gateway.commit import store_unavailable
-from rollwire.gateway.control_admin import AdminRoutes
-from rollwire.gateway.control_sessions import SessionRoutes
+from rollwire.gateway.control.admin import AdminRoutes
+from rollwire.gateway.control.sessions import SessionRoutes
+from rollwire.gateway.dataplane.commit import store_unavailable
 from rollwire.gateway.errors import GatewayError, error_response
 from rollwire.gateway.ports import GatewayPort
 from rollwire.store import StoreUnavailable

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -16,25 +14,20 @@ from starlette.routing import Route
 from rollwire.data.protocol import TERMINAL_STATUSES, Rollout
 from rollwire.data.rewards import attach_step_rewards
 from rollwire.data.trajectory import TrajectoryBuilder
-from rollwire.gateway.control_base import (
-    MAX_LABEL,
-    MAX_METADATA,
+from rollwire.gateway.control.base import (
     MAX_METRIC_KEY,
     MAX_METRICS,
     ControlRoutes,
-    check_session_id,
     cut_text,
     json_number,
     json_response,
-    positive_int,
-    positive_seconds,
     query_number,
     same_key,
 )
+from rollwire.gateway.control.session_body import session_record
 from rollwire.gateway.errors import GatewayError
-from rollwire.gateway.sampling import POLICIES, check_sampling
 from rollwire.gateway.security import TokenError
-from rollwire.gateway.tokens_runtime import rows_tokenizer
+from rollwire.gateway.tokens.runtime import rows_tokenizer
 from rollwire.store import CompletionConflict, SessionExists, SessionNotFound, SessionRecord
 
 __all__ = ["SessionRoutes"]
@@ -42,112 +35,6 @@ __all__ = ["SessionRoutes"]
 log = logging.getLogger("rollwire.gateway")
 
 _MAX_LIST_LIMIT = 100_000  # the most sessions one ``GET /api/sessions`` lists
-
-_CREATE_FIELDS = {
-    "session_id",
-    "group_id",
-    "task_id",
-    "metadata",
-    "sampling",
-    "sampling_policy",
-    "ttl",
-    "max_calls",
-    "max_tokens",
-    "capture",
-    "allow_off_policy",
-    "routed_experts",
-    "chat_template_kwargs",
-}
-
-
-def _check_labels(body: dict[str, Any]) -> None:
-    """``session_id``, ``group_id`` and ``task_id``: bounded strings (a number becomes one)."""
-    for key in ("session_id", "group_id", "task_id"):
-        value = body.get(key)
-        if type(value) is int:
-            body[key] = str(value)  # a numeric task index names the task as well
-        elif value is not None and not isinstance(value, str):
-            raise GatewayError(400, f"{key} must be a string, got {value!r}", code="invalid_field")
-        elif isinstance(value, str) and len(value) > MAX_LABEL:
-            raise GatewayError(
-                400, f"{key} is over {MAX_LABEL} characters ({len(value)})", code="invalid_field"
-            )
-
-
-def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
-    """The session a ``POST /api/sessions`` body asks for (400 on a field of the wrong kind)."""
-    unknown = set(body) - _CREATE_FIELDS
-    if unknown:
-        raise GatewayError(
-            400, f"unknown session fields {sorted(unknown)}; allowed: {sorted(_CREATE_FIELDS)}"
-        )
-    capture = body.get("capture") or "passthrough"
-    if capture not in ("passthrough", "tokens"):
-        raise GatewayError(400, f"capture must be 'passthrough' or 'tokens', got {capture!r}")
-    policy = body.get("sampling_policy") or {}
-    if not isinstance(policy, dict) or any(v not in POLICIES for v in policy.values()):
-        raise GatewayError(400, f"sampling_policy values must be one of {POLICIES}, got {policy!r}")
-    for key in ("metadata", "sampling", "chat_template_kwargs"):
-        if body.get(key) is not None and not isinstance(body[key], dict):
-            raise GatewayError(
-                400, f"{key} must be an object, got {body[key]!r}", code="invalid_field"
-            )
-    _check_labels(body)
-    if body.get("session_id") is not None:
-        check_session_id(body["session_id"])
-    if body.get("metadata") and len(orjson.dumps(body["metadata"])) > MAX_METADATA:
-        raise GatewayError(
-            400, f"metadata is over {MAX_METADATA} bytes as JSON", code="invalid_field"
-        )
-    sampling_in = body.get("sampling") or {}
-    if "stream" in sampling_in:
-        raise GatewayError(
-            400,
-            "sampling must not set 'stream': whether to stream is the agent's choice per call",
-            code="invalid_field",
-        )
-    aop = body.get("allow_off_policy")
-    if aop is None:
-        aop = False
-    elif not isinstance(aop, bool):
-        raise GatewayError(
-            400, f"allow_off_policy must be true or false, got {aop!r}", code="invalid_field"
-        )
-    experts = body.get("routed_experts")
-    if experts is not None and not isinstance(experts, bool):
-        raise GatewayError(
-            400, f"routed_experts must be true or false, got {experts!r}", code="invalid_field"
-        )
-    ttl = default_ttl
-    if body.get("ttl") is not None:
-        ttl = positive_seconds(body["ttl"], "ttl")
-    max_calls = positive_int(body, "max_calls")
-    max_tokens = positive_int(body, "max_tokens")
-    now = time.time()
-    sampling = dict(body.get("sampling") or {})
-    try:
-        check_sampling(sampling, where="sampling")
-    except ValueError as exc:
-        raise GatewayError(400, str(exc), code="invalid_field") from exc
-    if "max_completion_tokens" in sampling:
-        sampling.setdefault("max_tokens", sampling.pop("max_completion_tokens"))
-    rec = SessionRecord(
-        session_id=body.get("session_id") or uuid.uuid4().hex,
-        group_id=body.get("group_id"),
-        task_id=body.get("task_id"),
-        metadata=dict(body.get("metadata") or {}),
-        sampling=sampling,
-        sampling_policy=dict(policy),
-        capture=capture,
-        allow_off_policy=aop,
-        routed_experts=bool(experts),
-        chat_template_kwargs=body.get("chat_template_kwargs"),
-        max_calls=max_calls,
-        max_tokens=max_tokens,
-        expires_at=now + ttl,
-        created_at=now,
-    )
-    return rec
 
 
 class SessionRoutes(ControlRoutes):
@@ -173,13 +60,12 @@ class SessionRoutes(ControlRoutes):
         """Refuse a tokens session whose chat template no tool-call parser understands, or whose
         backend refuses its token-in route (the calls would fail one by one later). Other problems, such as a backend that is down or
         names no tokenizer, are left to the request-time checks, which say the same."""
-        from rollwire.gateway import tokens
-        from rollwire.gateway.parsers import TemplateNotSupported
-        from rollwire.gateway.tokens_runtime import TokenRouteUnavailable
+        from rollwire.gateway.tokens.parsers import TemplateNotSupported
+        from rollwire.gateway.tokens.runtime import TokenRouteUnavailable, check_session
 
         backend = self.gw.pool.pick(rec.session_id)
         try:
-            await tokens.check_session(rec.metadata, backend, gateway=self.gw)
+            await check_session(rec.metadata, backend, gateway=self.gw)
         except TemplateNotSupported as exc:
             raise GatewayError(
                 400, f"capture='tokens': {exc}", code="unsupported_chat_template"

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from rollwire.gateway.parsers import check_template_supported
-from rollwire.gateway.render import ChatRenderer, MissingTokensExtra
-from rollwire.gateway.tokens_backend import TOKEN_KINDS
+from rollwire.gateway.tokens.backend import TOKEN_KINDS
+from rollwire.gateway.tokens.parsers import check_template_supported
+from rollwire.gateway.tokens.render import ChatRenderer, MissingTokensExtra
 
 if TYPE_CHECKING:
-    from rollwire.gateway.backends import Backend
+    from rollwire.gateway.backends.pool import Backend
     from rollwire.gateway.context import ChatContext
     from rollwire.gateway.ports import GatewayPort
 

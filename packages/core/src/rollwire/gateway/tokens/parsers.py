@@ -283,7 +283,7 @@ def check_template_supported(renderer: Any, *, tools: bool = True) -> ToolParser
             f"no tool-call parser understands the chat template of "
             f"{getattr(renderer, 'source', None)!r} (tried: {names}). Use capture='passthrough' "
             "with the server's own tool parser, or register one with "
-            "rollwire.gateway.parsers.register_parser"
+            "rollwire.gateway.tokens.parsers.register_parser"
         )
     return parser
 

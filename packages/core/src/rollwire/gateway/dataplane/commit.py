@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from rollwire.data.protocol import ModelCall
+from rollwire.gateway.dataplane.sessions import Attempt, SessionState
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.ports import GatewayPort
-from rollwire.gateway.sessions import Attempt, SessionState
 from rollwire.store import SessionClosed, SessionNotFound, StoreUnavailable
 
 __all__ = ["commit_call", "new_call", "store_unavailable"]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rollwire.gateway.parsers import ParsedCompletion
+from rollwire.gateway.tokens.parsers import ParsedCompletion
 
 __all__ = ["chat_completion", "sse_chunks"]
 
