@@ -42,6 +42,14 @@ class TrlAdapter:
                 f.write(orjson.dumps({k: output[k][i] for k in keys}) + b"\n")
         return out
 
+    def train(self, **options: Any) -> Any:
+        """Run ``rollwire train``'s loop (:func:`rollwire_trl.loop.train`) with ``options``, the
+        fields of :class:`~rollwire_trl.loop.TrainSpec`; imports torch and TRL."""
+        from rollwire_trl.loop import TrainSpec
+        from rollwire_trl.loop import train as run
+
+        return run(TrainSpec(**options))
+
     def flatten(self, converted: Any) -> list[ExportedRow]:
         """The samples of a converted dict, in order."""
         from rollwire_trl.samples import flatten_output

@@ -92,6 +92,8 @@ class StepRecord:
     tokens_per_s: float
     forked: int = 0
     placeholders: int = 0
+    #: the policy versions the gateway stamped on this step's calls (the previous step's)
+    policy_versions: list[str] = field(default_factory=list)
     trl: dict[str, float] = field(default_factory=dict)
     eval: EvalPoint | None = None
 
@@ -108,6 +110,11 @@ class StepRecord:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _versions(batch: RolloutBatch) -> list[str]:
+    found = {c.policy_version for r in batch.rollouts for c in r.calls}
+    return sorted(v for v in found if v is not None)
 
 
 def batch_figures(batch: RolloutBatch, success_threshold: float = 1.0) -> dict[str, float]:
@@ -185,6 +192,7 @@ class StepReporter(TrainerCallback):  # type: ignore[misc]
             tokens_per_s=figures.get("sampled_tokens", 0) / rollout_s if rollout_s else 0.0,
             forked=self._batch.report.forked if self._batch else 0,
             placeholders=self._batch.report.placeholders if self._batch else 0,
+            policy_versions=_versions(self._batch) if self._batch else [],
         )
         if self.evaluate is not None and self.eval_every and record.step % self.eval_every == 0:
             record.eval = self.evaluate(record.step)
