@@ -1,5 +1,5 @@
 """The ``rollwire`` command line: engine, gateway, run, export, demo, doctor, inspect, eval,
-plugins.
+train, plugins.
 
 Each command lives next to the code it drives and is registered below, one line each. Help is
 plain click formatting (readable at 80 columns and when piped); expected errors end in one line
@@ -13,7 +13,7 @@ import os
 import typer
 
 from rollwire import __version__
-from rollwire.cli import commands, plugins, run
+from rollwire.cli import commands, plugins, run, train
 from rollwire.cli.doctor import doctor_command
 from rollwire.cli.engine import engine_app
 from rollwire.cli.errors import run_app
@@ -27,7 +27,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(
     name="rollwire",
     help="Online RL for production LLM agents: capture every model call, train with "
-    "verl/slime/rLLM.",
+    "TRL, verl, slime or rLLM.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -60,6 +60,7 @@ app.command("demo")(commands.demo)
 app.command("doctor")(doctor_command)
 app.command("inspect")(inspect_command)
 app.command("eval")(eval_command)
+app.command("train")(train.train)
 app.command("plugins")(plugins.plugins)
 
 
