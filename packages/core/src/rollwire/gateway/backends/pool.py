@@ -37,6 +37,9 @@ class Backend:
     quarantined: str | None = None
     #: the version the last weight push labelled it with
     weight_version: str | None = None
+    #: an answer of it carried routed experts (an MoE model served with routing): streamed
+    #: calls are then captured with routing by default (learnt per gateway, never unlearnt)
+    returns_routing: bool = False
 
     @property
     def model(self) -> str | None:
@@ -57,6 +60,7 @@ class Backend:
             "in_flight": self.in_flight,
             "quarantined": self.quarantined,
             "weight_version": self.weight_version,
+            "returns_routing": self.returns_routing,
         }
 
 
