@@ -43,6 +43,7 @@ from rollwire.gateway.control.foreign_results import SESSION_CONTROL_PATHS, fore
 from rollwire.gateway.control.routes import build_control_app
 from rollwire.gateway.dataplane import calls, hangups
 from rollwire.gateway.dataplane.sessions import SessionState
+from rollwire.gateway.dataplane.staleness import StalenessGate
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.live_sessions import LiveSessions
 from rollwire.gateway.metrics import GatewayMetrics
@@ -110,6 +111,7 @@ class Gateway(LiveSessions, SharedState):
         self._share_task: asyncio.Task[None] | None = None
         self._shared_seen: tuple[bool, str | None] = (False, None)  # last read from the store
         self.barrier = SyncBarrier(self)  # this gateway's part in a weight sync's pause
+        self.staleness = StalenessGate(self)  # max_staleness: the ordinals, the held calls
         self._background: set[asyncio.Task[Any]] = set()
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
@@ -251,6 +253,8 @@ class Gateway(LiveSessions, SharedState):
                 "not_found",
             )
         raw = await read_body(scope, receive, self.config.max_body_bytes)
+        if st.record.max_staleness is not None:
+            await self.staleness.admit(st)  # a stale rollout's first call waits, not in flight
         if self.paused:
             assert self._resumed is not None
             await self._resumed.wait()

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rollwire.gateway.backends.upstream import UpstreamPool
     from rollwire.gateway.config import GatewayConfig
     from rollwire.gateway.dataplane.sessions import SessionState
+    from rollwire.gateway.dataplane.staleness import StalenessGate
     from rollwire.gateway.metrics import GatewayMetrics
     from rollwire.gateway.security import TokenSigner
     from rollwire.gateway.sync_barrier import SyncBarrier
@@ -45,6 +46,7 @@ class GatewayPort(Protocol):
     waiters: dict[str, asyncio.Event]
     waiter_counts: dict[str, int]
     barrier: SyncBarrier
+    staleness: StalenessGate
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -90,8 +92,12 @@ class GatewayPort(Protocol):
         """Pause or resume every gateway on the store."""
         ...
 
-    async def set_policy_version(self, version: str | None) -> None:
-        """Set the policy version for every gateway on the store."""
+    async def set_policy_version(self, version: str | None, seq: int | None = None) -> None:
+        """Set the policy version (and its ordinal) for every gateway on the store."""
+        ...
+
+    async def set_trainer_seq(self, seq: int | None, version: str | None = None) -> None:
+        """Say how far the trainer is, for every gateway on the store."""
         ...
 
     async def set_quarantine(self, backend: Backend, reason: str | None) -> None:

@@ -109,15 +109,19 @@ class SyncBarrier:
                 )
             await asyncio.sleep(poll)
 
-    async def end(self, version: str | None) -> dict[str, Any]:
-        """Set the policy version, then resume every gateway (in that order, so a gateway that
-        sees the resume has the new version already)."""
+    async def end(self, version: str | None, seq: int | None = None) -> dict[str, Any]:
+        """Set the policy version (with its ordinal ``seq``, default one more), then resume every
+        gateway (in that order, so a gateway that sees the resume has the new version already)."""
         if version is not None:
-            await self.gw.set_policy_version(version)
+            await self.gw.set_policy_version(version, seq)
         await self.gw.store.set_setting(EPOCH_SETTING, None)
         self.epoch = None
         await self.gw.set_paused(False)
-        return {"paused": False, "policy_version": self.gw.policy_version}
+        return {
+            "paused": False,
+            "policy_version": self.gw.policy_version,
+            "policy_seq": self.gw.staleness.policy_seq,
+        }
 
     async def close(self) -> None:
         """Leave the membership (a stopped gateway is not waited for)."""

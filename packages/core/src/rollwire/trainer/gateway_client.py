@@ -225,9 +225,21 @@ class GatewayClient(_Base):
         """``DELETE /api/backends/{name}``."""
         self._req("DELETE", f"/api/backends/{name}")
 
-    def set_policy_version(self, version: str) -> str:
-        """``POST /api/policy_version``."""
-        return str(self._req("POST", "/api/policy_version", json={"version": version})["version"])
+    def set_policy_version(self, version: str, *, seq: int | None = None) -> str:
+        """``POST /api/policy_version`` (``seq``: its ordinal; default one more than the last)."""
+        body = _drop_none({"version": version, "seq": seq})
+        return str(self._req("POST", "/api/policy_version", json=body)["version"])
+
+    def set_trainer_version(self, seq: int | None, version: str | None = None) -> dict[str, Any]:
+        """``POST /api/trainer_version``: the trainer's newest weights are ``seq`` in the policy
+        versions' ordinal (what ``max_staleness`` is measured against; None: no bound)."""
+        body = {"seq": seq, **_drop_none({"version": version})}
+        return dict(self._req("POST", "/api/trainer_version", json=body))
+
+    def staleness(self) -> dict[str, Any]:
+        """``GET /api/trainer_version``: the trainer's and the served ordinals, the lag, and the
+        calls this gateway holds."""
+        return dict(self._req("GET", "/api/trainer_version"))
 
     def get_policy_version(self) -> str | None:
         """``GET /api/policy_version``."""
@@ -269,9 +281,11 @@ class GatewayClient(_Base):
         body = {"drain": drain, "timeout": timeout}
         return dict(self._req("POST", "/api/sync/begin", json=body, timeout=timeout + 30.0))
 
-    def sync_end(self, *, version: str | None) -> dict[str, Any]:
-        """``POST /api/sync/end``: set the policy version, then resume every gateway."""
-        return dict(self._req("POST", "/api/sync/end", json=_drop_none({"version": version})))
+    def sync_end(self, *, version: str | None, seq: int | None = None) -> dict[str, Any]:
+        """``POST /api/sync/end``: set the policy version (ordinal ``seq``, default one more),
+        then resume every gateway."""
+        body = _drop_none({"version": version, "seq": seq})
+        return dict(self._req("POST", "/api/sync/end", json=body))
 
     def push_weights(
         self, name: str, *, weights_path: str, version: str, keep: bool = False, timeout: float
@@ -410,10 +424,21 @@ class AsyncGatewayClient(_Base):
         """``DELETE /api/backends/{name}``."""
         await self._req("DELETE", f"/api/backends/{name}")
 
-    async def set_policy_version(self, version: str) -> str:
+    async def set_policy_version(self, version: str, *, seq: int | None = None) -> str:
         """``POST /api/policy_version``."""
-        data = await self._req("POST", "/api/policy_version", json={"version": version})
-        return str(data["version"])
+        body = _drop_none({"version": version, "seq": seq})
+        return str((await self._req("POST", "/api/policy_version", json=body))["version"])
+
+    async def set_trainer_version(
+        self, seq: int | None, version: str | None = None
+    ) -> dict[str, Any]:
+        """:meth:`GatewayClient.set_trainer_version`, async."""
+        body = {"seq": seq, **_drop_none({"version": version})}
+        return dict(await self._req("POST", "/api/trainer_version", json=body))
+
+    async def staleness(self) -> dict[str, Any]:
+        """``GET /api/trainer_version``."""
+        return dict(await self._req("GET", "/api/trainer_version"))
 
     async def sync_weight_version(self, version: str, *, servers: list[str] | None = None) -> str:
         """:meth:`GatewayClient.sync_weight_version`, async."""

@@ -183,10 +183,17 @@ class WeightSync:
         return report
 
     def sync(
-        self, weights_path: str | Path, version: str, *, reference: Reference | None = None
+        self,
+        weights_path: str | Path,
+        version: str,
+        *,
+        reference: Reference | None = None,
+        seq: int | None = None,
     ) -> SyncReport:
         """Push ``weights_path`` (a Hugging Face folder every server can read), verify, stamp
-        ``version``. Raises :class:`WeightSyncError` naming every server that failed."""
+        ``version`` (with ordinal ``seq``, e.g. the trainer's step; default: one more than the
+        last, which ``max_staleness`` counts in). Raises :class:`WeightSyncError` naming every
+        server that failed."""
         targets = self.backends()
         report = SyncReport(version=str(version))
         t0 = time.perf_counter()
@@ -212,7 +219,7 @@ class WeightSync:
             self.history.append(report)
             raise
         if any(e.verified for e in report.backends):
-            self.gateway.sync_end(version=str(version))
+            self.gateway.sync_end(version=str(version), seq=seq)
             report.resumed = True
         report.resume_seconds = time.perf_counter() - t3
         self.history.append(report)

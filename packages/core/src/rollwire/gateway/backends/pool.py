@@ -41,6 +41,9 @@ class Backend:
     #: ``tinker`` kind: the SDK's ServiceClient and the SamplingClient it samples with now
     client: Any = field(default=None, repr=False, compare=False)
     sampler: Any = field(default=None, repr=False, compare=False)
+    #: an answer of it carried routed experts (an MoE model served with routing): streamed
+    #: calls are then captured with routing by default (learnt per gateway, never unlearnt)
+    returns_routing: bool = False
 
     @property
     def model(self) -> str | None:
@@ -61,6 +64,7 @@ class Backend:
             "in_flight": self.in_flight,
             "quarantined": self.quarantined,
             "weight_version": self.weight_version,
+            "returns_routing": self.returns_routing,
         }
 
 

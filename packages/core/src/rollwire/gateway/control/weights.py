@@ -16,6 +16,7 @@ from starlette.routing import Route
 from rollwire.gateway.backends.pool import Backend
 from rollwire.gateway.backends.weights import WEIGHT_KINDS, push_weights
 from rollwire.gateway.control.base import ControlRoutes, json_response
+from rollwire.gateway.control.staleness import check_seq
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.tokens.backend import BackendFailure, generate, sampling_payload
 
@@ -119,7 +120,7 @@ class WeightRoutes(ControlRoutes):
         version = body.get("version")
         if version is not None and (not isinstance(version, str) or not 0 < len(version) <= 256):
             raise GatewayError(400, f"version must be a 1 to 256 character string, got {version!r}")
-        return json_response(await self.gw.barrier.end(version))
+        return json_response(await self.gw.barrier.end(version, check_seq(body)))
 
     async def weights(self, request: Request) -> Response:
         self.require_admin(request)

@@ -26,6 +26,7 @@ from rollwire.gateway.dataplane.capture import Asked
 from rollwire.gateway.dataplane.commit import commit_call, new_call, store_unavailable
 from rollwire.gateway.dataplane.dispatch import Commit, expect_routing, forward
 from rollwire.gateway.dataplane.relay import forward_stream, restream
+from rollwire.gateway.dataplane.routing import wants_routing
 from rollwire.gateway.dataplane.sampling import (
     apply_sampling,
     check_sampling,
@@ -267,7 +268,8 @@ async def _dispatch(
     effective, flags = gw.apply_sampling(rec, fwd)
     if "tool_choice" in body:
         flags += tool_choice_flags(body)
-    if gw.pool.pick(rec.session_id) is None:
+    backend = gw.pool.pick(rec.session_id)
+    if backend is None:
         raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
     stream = bool(body.get("stream"))
     chat = path == CHAT_PATH
@@ -291,7 +293,7 @@ async def _dispatch(
         request=body,
         capture="passthrough",
     )
-    if rec.routed_experts:
+    if wants_routing(rec, backend):
         commit = expect_routing(gw, commit)
         if stream and chat and body.get("n") in (None, 1):
             return await restream(gw, st, call, fwd, asked, body, path, t0, commit)
