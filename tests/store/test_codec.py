@@ -39,3 +39,25 @@ def test_recent_calls_hold_the_shared_history_once() -> None:
     # Forgetting the last two calls (a refused write) goes back to the history of the sixth.
     assert deltas.truncate(6)
     assert deltas.last_messages == _history(6)
+
+
+def test_parent_search_skips_calls_too_short_to_win_and_finds_the_same_parent() -> None:
+    import numpy as np
+
+    from rollwire.data.protocol import find_parent
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        deltas = codec.SessionDeltas(0)
+        base = rng.integers(0, 5, size=int(rng.integers(0, 40))).astype(np.int32)
+        for i in range(int(rng.integers(1, 20))):
+            cut = int(rng.integers(0, base.shape[0] + 1))
+            prompt = np.concatenate([base[:cut], rng.integers(0, 5, size=int(rng.integers(0, 9)))])
+            completion = rng.integers(0, 5, size=int(rng.integers(0, 5))).astype(np.int32)
+            deltas.remember(f"c{i}", i, prompt.astype(np.int32), completion, None)
+            base = np.concatenate([prompt, completion]).astype(np.int32)
+        query = np.concatenate([base, rng.integers(0, 5, size=3)]).astype(np.int32)
+        query = query[: int(rng.integers(0, query.shape[0] + 1))]
+        want, want_len = find_parent(query, deltas.recent)  # type: ignore[arg-type]
+        got, got_len = codec._find_parent(query, deltas.recent)
+        assert (got_len, got) == (want_len, want)

@@ -14,12 +14,13 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import orjson
 
-from rollwire.data.protocol import ModelCall, VersionSpan, find_parent
+from rollwire.data.arrays import common_prefix_len
+from rollwire.data.protocol import ModelCall, VersionSpan
 
 __all__ = [
     "CallRow",
@@ -236,6 +237,26 @@ class DeltaCache:
             self._tokens -= old.tokens
 
 
+def _find_parent(prompt: np.ndarray, recent: list[RecentCall]) -> tuple[RecentCall | None, int]:
+    """:func:`rollwire.data.protocol.find_parent` over the recent calls, skipping those too
+    short to beat the best match so far: in a growing conversation the latest call is the
+    parent and the older, shorter ones are not compared at all (each compare is O(context))."""
+    best: RecentCall | None = None
+    best_len = 0
+    for call in reversed(recent):
+        p, c = call.prompt_ids, call.completion_ids
+        if p.shape[0] + c.shape[0] <= best_len:
+            continue
+        n = common_prefix_len(p, prompt)
+        if n == p.shape[0]:
+            n += common_prefix_len(c, prompt[n:])
+        if n > best_len:
+            best, best_len = call, n
+            if n == prompt.shape[0]:
+                break
+    return best, best_len
+
+
 @dataclass
 class EncodedCall:
     """One call laid out for storage (the row the backends write)."""
@@ -267,7 +288,7 @@ def encode_call(
     prompt = i32(call.prompt_ids)
     completion = i32(call.completion_ids)
     logprobs = np.ascontiguousarray(call.logprobs, dtype="<f4")
-    parent, shared = find_parent(prompt, cast(Sequence[ModelCall], deltas.recent))
+    parent, shared = _find_parent(prompt, deltas.recent)
     request = dict(call.request)
     messages = request.pop("messages", None)
     shared_messages: int | None = None

@@ -98,6 +98,7 @@ async def _generate(
             experts_shape=target_info.experts_shape,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            upstream=ctx.gateway.upstream if ctx.gateway is not None else None,
         )
 
     try:
