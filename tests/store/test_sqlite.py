@@ -99,7 +99,7 @@ async def test_wal_stays_bounded_under_steady_load(tmp_path: Path) -> None:
 
         await asyncio.gather(*(agent(s) for s in sids))
         db_bytes = size(path)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 60.0
         while size(wal) > limit and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # no event tells when the checkpointer ran
         after = size(wal)
@@ -129,7 +129,7 @@ async def test_wal_is_truncated_once_the_writer_is_idle(tmp_path: Path) -> None:
         for i in range(1500):
             await store.append_call(make_call("s", [i, *range(50)], [1, 2, 3]))
         busy_wal, busy_db = size(wal), size(path)
-        deadline = time.monotonic() + 15.0
+        deadline = time.monotonic() + 60.0
         while size(wal) > 2 * size(path) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # polled: no event tells when the checkpointer ran
         idle_wal, idle_db = size(wal), size(path)
