@@ -70,7 +70,7 @@ def dense_folders(tmp: Path, model_dir: Path | None) -> tuple[Path, Path]:
         tok = engine.tokenizer
         cfg = LlamaConfig(
             vocab_size=engine.config.vocab_size,
-            hidden_size=64,
+            hidden_size=128,  # head_dim 32: vLLM's CPU attention has no kernel for 16
             intermediate_size=128,
             num_hidden_layers=2,
             num_attention_heads=4,

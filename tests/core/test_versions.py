@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from rollwire.data.protocol import ModelCall, Rollout, VersionSpan
+from rollwire.data.protocol import ModelCall, Rollout, VersionSpan, version_spans_from_wire
 from rollwire.data.trajectory import build_rows
 from rollwire.store import SessionRecord, SQLiteStore
 from rollwire.store.codec import SessionDeltas, decode_calls, encode_call
@@ -157,3 +157,38 @@ def test_row_refuses_version_ids_out_of_range() -> None:
     data["version_ids"] = data["version_ids"][:-1]
     with pytest.raises(ValueError, match=r"version_ids \(16\) must cover the 17 response tokens"):
         type(row).model_validate(data)
+
+
+def test_backend_spans_are_read_as_vllm_sends_them() -> None:
+    raw = [{"version": "1", "start": 0, "end": 2}, {"version": 2, "start": 2, "end": 5}]
+    assert version_spans_from_wire(raw, 5) == [
+        VersionSpan(version="1", start=0, end=2),
+        VersionSpan(version="2", start=2, end=5),
+    ]
+    # one version (or none) is the call's policy_version: nothing to keep per token
+    assert version_spans_from_wire([{"version": "1", "start": 0, "end": 5}], 5) is None
+    assert version_spans_from_wire(None, 5) is None and version_spans_from_wire([], 0) is None
+    # empty spans dropped, neighbours of one version merged
+    raw = [
+        {"version": "1", "start": 0, "end": 0},
+        {"version": "2", "start": 0, "end": 2},
+        {"version": "2", "start": 2, "end": 3},
+        {"version": "3", "start": 3, "end": 5},
+    ]
+    assert [(s.version, s.start, s.end) for s in version_spans_from_wire(raw, 5) or []] == [
+        ("2", 0, 3),
+        ("3", 3, 5),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ([{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 2, "end": 4}], "tile"),
+        ([{"version": "1", "begin": 0, "end": 5}], "must be"),
+        ("v1", "must be"),
+    ],
+)
+def test_backend_spans_that_do_not_fit_are_refused(raw: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        version_spans_from_wire(raw, 5)

@@ -127,3 +127,44 @@ def test_a_backend_that_takes_no_weights_is_refused_before_any_step(
         c.add_backend(eng.url, kind="openai", name="hosted")
         with pytest.raises(ValueError, match=r"hosted .*openai"):
             WeightSync(c, reference=engine_reference(folders["a"])).backends()
+
+
+def test_a_keep_sync_gives_the_call_in_flight_two_version_spans(
+    stack: tuple[EmbeddedEngine, RunningGateway], folders: dict[str, Path]
+) -> None:
+    """WeightSync(mode="keep"): the gateway does not drain, the engine freezes the call in flight
+    between two decode steps, swaps the weights and relabels; the call ends with two spans."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("transformers", reason="tokens mode needs rollwire[tokens]")
+    eng, gw = stack
+    n = 400
+    with gw.client() as c:
+        c.sync_weight_version("v0")
+        sync = WeightSync(c, reference=engine_reference(folders["b"]), mode="keep")
+        h = c.create_session(capture="tokens")
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        steps = eng.engine.scheduler.steps
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(
+                lambda: oai.chat.completions.create(
+                    model="policy",
+                    messages=[{"role": "user", "content": "count"}],
+                    max_tokens=n,
+                    extra_body={"min_tokens": n},
+                )
+            )
+            deadline = time.monotonic() + 60
+            while eng.engine.scheduler.steps < steps + 5:  # the call is decoding
+                assert time.monotonic() < deadline
+                time.sleep(0.002)
+            report = sync.sync(folders["b"], "v1")
+            answer.result(timeout=120)
+        assert report.backends[0].verified
+        (call,) = c.calls(h.session_id)
+        spans = call.version_spans()
+        assert [s.version for s in spans] == ["v0", "v1"]
+        done = len(call.completion_ids)  # the new weights may stop it sooner (a stop string)
+        assert spans[0].start == 0 and spans[-1].end == done and spans[0].end == spans[1].start
+        assert 0 < spans[0].end < done

@@ -180,3 +180,58 @@ async def test_store_url_caps_the_file(tmp_path: Path) -> None:
         await store.close()
     with pytest.raises(ValueError, match="max_bytes"):
         open_store(f"sqlite:{tmp_path / 'x.db'}?max_byte=1")
+
+
+async def test_request_keys_live_in_the_calls_row(tmp_path: Path) -> None:
+    """A call's retry key is written with the call itself: no row of its own elsewhere."""
+    import sqlite3
+
+    from rollwire.store.codec import request_key
+
+    path = tmp_path / "k.db"
+    store = SQLiteStore(str(path))
+    await store.create_session(SessionRecord(session_id="s"))
+    key = request_key(b'{"messages": []}')
+    first = await store.append_call(make_call("s", [1], [2]), request_key=key)
+    retry = await store.append_call(make_call("s", [1], [3], retry_count=1), request_key=key)
+    await store.close()
+    assert retry.retry_of == first.call_id
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT call_id, request_key FROM calls ORDER BY idx").fetchall()
+    assert rows == [(first.call_id, key), (retry.call_id, key)]
+    assert conn.execute("SELECT COUNT(*) FROM call_keys").fetchone()[0] == 0
+    conn.close()
+
+
+async def test_a_file_written_before_keys_in_calls_still_matches_its_retries(
+    tmp_path: Path,
+) -> None:
+    """A file from before the ``request_key`` column: the store adds the column when it opens
+    the file, and a retry of a call stored then is matched by its ``call_keys`` row."""
+    import sqlite3
+
+    from rollwire.store.codec import request_key
+
+    path = tmp_path / "old.db"
+    store = SQLiteStore(str(path))
+    await store.create_session(SessionRecord(session_id="s"))
+    key = request_key(b'{"messages": ["old"]}')
+    original = await store.append_call(make_call("s", [1, 2], [3]), request_key=key)
+    await store.close()
+    # Make it the file an earlier version wrote: no key column, the key in call_keys.
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE calls DROP COLUMN request_key")
+    conn.execute(
+        "INSERT INTO call_keys (session_id, request_key, call_id, retry_count, ok, matched)"
+        " VALUES ('s', ?, ?, 0, 1, 0)",
+        (key, original.call_id),
+    )
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(str(path))
+    retry = await store.append_call(make_call("s", [1, 2], [4], retry_count=1), request_key=key)
+    calls = await store.calls("s")
+    await store.close()
+    assert retry.retry_of == original.call_id
+    assert not calls[0].trainable and "superseded_by_retry" in calls[0].flags
+    assert calls[1].trainable and calls[1].retry_of == original.call_id

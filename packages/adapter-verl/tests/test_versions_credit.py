@@ -112,3 +112,26 @@ def test_agent_loop_outputs_take_min_and_max_from_the_token_versions() -> None:
     plain = merged_rollout()
     out = rows_to_agent_loop_outputs(plain, TrajectoryBuilder().build(plain), global_steps=4)
     assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 3
+
+
+def test_agent_loop_outputs_carry_the_step_credit_per_token() -> None:
+    rollout = versioned_rollout()
+    rows = TrajectoryBuilder(credit="broadcast").build(rollout)
+    out = rows_to_agent_loop_outputs(rollout, rows)
+    adv = out.extra_fields["rollwire_step_advantages"]
+    assert adv == pytest.approx([0.25] * 4 + [0.0] * 3 + [0.5] * 5 + [0.0] * 2 + [1.0] * 3)
+    assert len(adv) == len(out.response_ids) == len(out.response_mask)
+    rewards = out.extra_fields["rollwire_step_rewards"]
+    assert [i for i, r in enumerate(rewards) if r] == [3, 11, 16]
+    plain = rows_to_agent_loop_outputs(rollout, TrajectoryBuilder().build(rollout))
+    assert "rollwire_step_advantages" not in plain.extra_fields
+
+
+def test_loop_settings_read_and_check_the_step_credit() -> None:
+    from rollwire_verl.settings import LoopSettings
+
+    assert LoopSettings.from_options({"step_credit": "discounted:0.9"}).step_credit == (
+        "discounted:0.9"
+    )
+    with pytest.raises(ValueError, match="unknown step credit mode 'gae'"):
+        LoopSettings.from_options({"step_credit": "gae"}).validate()

@@ -69,6 +69,12 @@ def _row_output(
     logprobs = cut.logprobs if trainable else np.zeros(cut.logprobs.shape, np.float32)
     if cut.truncated:
         extra["rollwire_truncated"] = True
+    if cut.advantages is not None:
+        # per response token (unpadded), zero where nothing trains: for a custom advantage step
+        on = mask == 1
+        extra["rollwire_step_advantages"] = np.where(on, cut.advantages, 0.0).tolist()
+        rewards = cut.step_rewards if cut.step_rewards is not None else 0.0
+        extra["rollwire_step_rewards"] = np.where(on, rewards, 0.0).tolist()
     return AgentLoopOutput(
         prompt_ids=cut.prompt.tolist(),
         response_ids=cut.response.tolist(),

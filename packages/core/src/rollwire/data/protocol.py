@@ -37,6 +37,7 @@ __all__ = [
     "decode_calls",
     "encode_calls",
     "group_rollouts",
+    "version_spans_from_wire",
 ]
 
 RolloutStatus = Literal["running", "completed", "failed", "timeout", "cancelled"]
@@ -59,6 +60,48 @@ class VersionSpan(_Model):
     version: str
     start: int = Field(ge=0)
     end: int = Field(ge=0)
+
+
+def _check_tiling(spans: Sequence[VersionSpan], n: int, who: str) -> None:
+    at = 0
+    for span in spans:
+        if span.start != at or span.end < span.start:
+            break
+        at = span.end
+    else:
+        if at == n:
+            return
+    got = [(s.version, s.start, s.end) for s in spans]
+    raise ValueError(
+        f"{who}: weight_versions {got} do not tile its {n} completion tokens as consecutive "
+        "[start, end) spans from 0; the backend's version labels disagree with its tokens"
+    )
+
+
+def version_spans_from_wire(raw: Any, n: int) -> list[VersionSpan] | None:
+    """A backend's ``weight_versions`` (vLLM's ``[{"version", "start", "end"}]`` over the
+    completion) as spans, or None when it sent none or named one version (``policy_version``
+    says that). Raises ValueError when they are malformed or do not tile the ``n`` tokens."""
+    if not raw:
+        return None
+    try:
+        spans = [
+            VersionSpan(version=str(s["version"]), start=s["start"], end=s["end"]) for s in raw
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"weight_versions must be [{{version, start, end}}, ...], got {str(raw)[:120]!r}"
+        ) from exc
+    _check_tiling(spans, n, "the backend's answer")
+    merged: list[VersionSpan] = []
+    for span in spans:
+        if span.end == span.start:
+            continue
+        if merged and merged[-1].version == span.version:
+            merged[-1] = VersionSpan(version=span.version, start=merged[-1].start, end=span.end)
+        else:
+            merged.append(span)
+    return merged if len(merged) > 1 else None
 
 
 class ModelCall(_Model):
@@ -131,20 +174,7 @@ class ModelCall(_Model):
                 f"call {self.call_id}: {self.logprobs.shape[0]} logprobs for {n} completion tokens"
             )
         if self.weight_versions is not None:
-            at = 0
-            for span in self.weight_versions:
-                if span.start != at or span.end < span.start:
-                    break
-                at = span.end
-            else:
-                if at == n:
-                    return
-            got = [(s.version, s.start, s.end) for s in self.weight_versions]
-            raise ValueError(
-                f"call {self.call_id}: weight_versions {got} do not tile its {n} completion "
-                "tokens as consecutive [start, end) spans from 0; the backend's version labels "
-                "disagree with its tokens"
-            )
+            _check_tiling(self.weight_versions, int(n), f"call {self.call_id}")
 
 
 class Rollout(_Model):

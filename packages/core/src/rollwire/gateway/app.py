@@ -41,7 +41,7 @@ from rollwire.gateway.backends.upstream import UpstreamPool
 from rollwire.gateway.config import BackendSpec, GatewayConfig
 from rollwire.gateway.control.foreign_results import SESSION_CONTROL_PATHS, foreign_result_routes
 from rollwire.gateway.control.routes import build_control_app
-from rollwire.gateway.dataplane import calls
+from rollwire.gateway.dataplane import calls, hangups
 from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.dataplane.staleness import StalenessGate
 from rollwire.gateway.errors import GatewayError
@@ -63,15 +63,6 @@ log = logging.getLogger("rollwire.gateway")
 CallHandler = Callable[
     ["Gateway", dict[str, Any], SessionState, str, bytes], Awaitable[ASGIResponse]
 ]
-
-
-async def _watch_hangup(receive: Any, hangup: asyncio.Event) -> None:
-    """Set ``hangup`` when the client disconnects (the request body was read already)."""
-    while True:
-        message = await receive()
-        if message.get("type") == "http.disconnect":
-            hangup.set()
-            return
 
 
 class Gateway(LiveSessions, SharedState):
@@ -273,16 +264,15 @@ class Gateway(LiveSessions, SharedState):
         if self._drained is not None:
             self._drained.clear()
         # The agent may hang up while the backend works: the call is then recorded as such.
-        hangup = asyncio.Event()
+        hangup = hangups.watch(receive)
         scope["rollwire.hangup"] = hangup
-        watcher = asyncio.ensure_future(_watch_hangup(receive, hangup))
         try:
             return await handler(self, scope, st, rest, raw), True
         except BaseException:
             self._call_over(st)
             raise
         finally:
-            watcher.cancel()  # before the response runs: a stream listens for itself
+            hangup.stop()  # before the response runs: a stream listens for itself
 
     def _call_over(self, st: SessionState) -> None:
         st.in_flight -= 1

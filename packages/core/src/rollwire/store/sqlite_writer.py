@@ -22,6 +22,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -32,6 +33,8 @@ __all__ = ["SQLiteConnections", "WriteBatch"]
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
+# Seconds between the writer's looks at the WAL's size (far less than the bound is written in it).
+_WAL_CHECK_INTERVAL = 0.05
 _IDLE_CHECKPOINT_ROUNDS = 10  # a WAL under 1/8 of its bound is checkpointed every 10 intervals
 _OUTAGE_MESSAGES = ("disk is full", "disk i/o error", "unable to open", "readonly database")
 
@@ -73,6 +76,7 @@ class SQLiteConnections:
         checkpoint_interval: float = 1.0,
         wal_limit_bytes: int = 64 * 1024 * 1024,
         max_bytes: int | None = None,
+        migrate: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         self.path = path
         self._hooks = hooks
@@ -80,6 +84,8 @@ class SQLiteConnections:
         self._max_bytes = None if max_bytes is None else int(max_bytes)
         init = self.connect()  # before any thread opens the file (it may become WAL now)
         init.executescript(schema)
+        if migrate is not None:
+            migrate(init)  # bring a file written by an earlier version up to the schema
         init.close()
         self._lock = threading.Lock()
         self._pending: list[tuple[Op, asyncio.Future[Any]]] = []
@@ -89,6 +95,7 @@ class SQLiteConnections:
         self._wrote = threading.Event()  # written since the checkpoint thread's last round
         self._wake = threading.Event()
         self._wal = path + "-wal"
+        self._next_wal_check = 0.0  # writer thread: when to look at the WAL's size again
         self.closed = False
         self._writer = threading.Thread(target=self._writer_main, name="rollwire-sqlite-writer")
         self._writer.daemon = True
@@ -197,10 +204,16 @@ class SQLiteConnections:
                 conn.execute("ROLLBACK")
             self._hooks.rolled_back()
             outcomes = [self._run_one(conn, fn, fut) for fn, fut in items]
-        self._dirty.set()
-        self._wrote.set()
-        if self._wal_limit > 0 and _size(self._wal) > self._wal_limit:
-            self._wake.set()  # over the limit: checkpoint now, not at the next interval
+        if not self._dirty.is_set():  # set once per checkpoint round, not once per batch
+            self._dirty.set()
+        if not self._wrote.is_set():
+            self._wrote.set()
+        if self._wal_limit > 0:
+            now = time.monotonic()
+            if now >= self._next_wal_check:  # a stat per batch would cost more than the bound
+                self._next_wal_check = now + _WAL_CHECK_INTERVAL
+                if _size(self._wal) > self._wal_limit:
+                    self._wake.set()  # over the limit: checkpoint now, not at the next interval
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for outcome in outcomes:
             by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)

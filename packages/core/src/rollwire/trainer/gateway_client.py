@@ -297,10 +297,13 @@ class GatewayClient(_Base):
             self._req("POST", f"/api/backends/{name}/weights", json=body, timeout=timeout + 30.0)
         )
 
-    def probe_backend(self, name: str, *, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
+    def probe_backend(
+        self, name: str, *, prompt_ids: list[int], max_tokens: int, timeout: float = 300.0
+    ) -> dict[str, Any]:
         """``POST /api/backends/{name}/probe``: a greedy token-in request with log-probs."""
-        body = {"prompt_ids": prompt_ids, "max_tokens": max_tokens}
-        return dict(self._req("POST", f"/api/backends/{name}/probe", json=body))
+        body = {"prompt_ids": prompt_ids, "max_tokens": max_tokens, "timeout": timeout}
+        path = f"/api/backends/{name}/probe"
+        return dict(self._req("POST", path, json=body, timeout=timeout + 30.0))
 
     def quarantine_backend(self, name: str, *, reason: str) -> dict[str, Any]:
         """``POST /api/backends/{name}/quarantine``: out of rotation until restored."""

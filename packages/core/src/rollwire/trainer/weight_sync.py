@@ -37,7 +37,7 @@ Reference = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
 DEFAULT_PROBE_IDS: tuple[int, ...] = (17, 42, 99, 7, 64, 120, 33, 5)
 
 #: backend kinds that have a weight transport (``openai`` is a hosted API: nothing to push)
-SYNC_KINDS = ("vllm", "sglang")
+SYNC_KINDS = ("vllm", "sglang", "tinker")
 
 
 class WeightSyncError(RuntimeError):

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -37,6 +38,9 @@ class Backend:
     quarantined: str | None = None
     #: the version the last weight push labelled it with
     weight_version: str | None = None
+    #: ``tinker`` kind: the SDK's ServiceClient and the SamplingClient it samples with now
+    client: Any = field(default=None, repr=False, compare=False)
+    sampler: Any = field(default=None, repr=False, compare=False)
     #: an answer of it carried routed experts (an MoE model served with routing): streamed
     #: calls are then captured with routing by default (learnt per gateway, never unlearnt)
     returns_routing: bool = False
@@ -136,14 +140,14 @@ class BackendPool:
 
     async def check(self, http: aiohttp.ClientSession, backend: Backend) -> bool:
         """Probe one backend (``GET /health``; for ``openai`` kind any answer counts)."""
-        path = "/v1/models" if backend.kind == "openai" else "/health"
+        path = {"openai": "/v1/models", "tinker": "/api/v1/healthz"}.get(backend.kind, "/health")
         try:
             async with http.get(backend.url + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 await resp.read()
                 ok = resp.status < 500 if backend.kind == "openai" else resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             ok = False
-        if ok and backend.pinned_model is None and backend.kind != "openai":
+        if ok and backend.pinned_model is None and backend.kind not in ("openai", "tinker"):
             # Re-read every time: a backend restarted under another served name must not be
             # sent the old one (it answers 404). A failed read keeps the last name known.
             served = await self._served_model(http, backend)

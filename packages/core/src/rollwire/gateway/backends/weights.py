@@ -9,6 +9,8 @@ token-in route of ``tokens/``).
   with the new weights, their tokens labelled per version.
 - ``sglang``: ``POST /update_weights_from_disk {"model_path": DIR}``, ``POST /flush_cache``,
   ``POST /update_weight_version``.
+- ``tinker``: no files move; the backend samples from then on with the sampler of the checkpoint
+  ``weights_path`` names (``tinker://…/sampler_weights/NAME``, see ``backends/tinker.py``).
 - ``openai`` (a hosted API) takes no weights: refused when the sync starts.
 """
 
@@ -26,7 +28,7 @@ from rollwire.gateway.errors import GatewayError
 
 __all__ = ["WEIGHT_KINDS", "push_weights"]
 
-WEIGHT_KINDS = ("vllm", "sglang")
+WEIGHT_KINDS = ("vllm", "sglang", "tinker")
 
 
 async def _post(
@@ -91,6 +93,16 @@ async def push_weights(
             code="backend_takes_no_weights",
         )
     steps: list[dict[str, Any]] = []
+    if backend.kind == "tinker":
+        from rollwire.gateway.backends.tinker import swap_sampler
+
+        try:
+            steps.append(await swap_sampler(backend, model_path=weights_path, version=version))
+        except Exception as exc:  # a refused path or the SDK's error, said as it is
+            raise GatewayError(
+                409, f"backend {backend.name}: {exc}", code="weight_push_failed"
+            ) from exc
+        return {"backend": backend.name, "version": version, "steps": steps}
 
     async def step(path: str, body: dict[str, Any] | None) -> Any:
         t0 = time.perf_counter()

@@ -63,9 +63,14 @@ async def probe_backend(
         payload["return_weight_versions"] = True
     t0 = time.perf_counter()
     try:
-        gen = await generate(
-            http, backend.url, backend.kind, payload, prompt_len=len(prompt_ids), timeout=timeout
-        )
+        if backend.kind == "tinker":
+            from rollwire.gateway.tokens.tinker import tinker_generate
+
+            gen = await tinker_generate(backend, ids, sampling, timeout=timeout)
+        else:
+            gen = await generate(
+                http, backend.url, backend.kind, payload, prompt_len=len(ids), timeout=timeout
+            )
     except BackendFailure as exc:
         raise GatewayError(
             502, f"probe of {backend.name}: {exc.message}", code="probe_failed"
@@ -151,7 +156,10 @@ class WeightRoutes(ControlRoutes):
             )
         if type(n) is not int or not 0 < n <= _MAX_PROBE_TOKENS:
             raise GatewayError(400, f"max_tokens must be 1 to {_MAX_PROBE_TOKENS}, got {n!r}")
-        result = await probe_backend(self.gw.http, backend, prompt_ids=ids, max_tokens=n)
+        timeout = _seconds(body, "timeout", 300.0)
+        result = await probe_backend(
+            self.gw.http, backend, prompt_ids=ids, max_tokens=n, timeout=timeout
+        )
         return json_response(result)
 
     async def quarantine(self, request: Request) -> Response:
