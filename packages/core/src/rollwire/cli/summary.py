@@ -113,9 +113,9 @@ def routing_gaps(calls: Iterable[ModelCall]) -> dict[str, list[int]]:
     seen: dict[str, list[int]] = {}
     routes: set[str] = set()
     for c in calls:
-        if c.status != "ok" or not len(c.completion_ids):
-            continue
-        name = c.backend or "?"
+        if c.status != "ok" or not len(c.completion_ids) or c.backend is None:
+            continue  # (a call recorded without its backend cannot be told apart)
+        name = c.backend
         counts = seen.setdefault(name, [0, 0])
         counts[1] += 1
         if c.routed_experts is None:
