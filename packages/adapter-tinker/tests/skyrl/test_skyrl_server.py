@@ -25,6 +25,9 @@ from rollwire_tinker import TinkerConfig, TinkerTrainer, to_datums
 from rollwire_tinker.skyrl import SkyRLServer
 
 pytestmark = pytest.mark.timeout(1800)
+#: every sample (rollouts, the agent's chat, the probe) decodes this many tokens: SkyRL compiles
+#: its sampler per decode length (minutes each on a cold cache)
+MAX_TOKENS = 6
 SHIPPED = Path(rollwire.engine.__file__).parent / "hf_tokenizer"
 TIMES: dict[str, float] = {}
 
@@ -58,7 +61,7 @@ def trainer(server: SkyRLServer, model_dir: Path) -> TinkerTrainer:
 
 def _sample(sampler: Any, prompt: list[int], seed: int) -> Any:
     # one sample per call, every prompt in one length bucket: each new shape compiles for minutes
-    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=seed)
+    params = types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=seed)
     t0 = time.perf_counter()
     (seq,) = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences
     TIMES.setdefault("first_sample", time.perf_counter() - t0)
@@ -157,7 +160,9 @@ def test_gateway_samples_through_the_tinker_sampler_and_a_sync_swaps_it(
     with serve_in_thread(backends=[spec]) as gw, gw.client() as c:
 
         def chat() -> Any:
-            h = c.create_session(capture="tokens", sampling={"temperature": 0.0, "max_tokens": 4})
+            h = c.create_session(
+                capture="tokens", sampling={"temperature": 0.0, "max_tokens": MAX_TOKENS}
+            )
             oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0, timeout=900)
             t0 = time.perf_counter()
             # a short system turn keeps prompt + completion in the 32-token bucket compiled above
@@ -175,7 +180,8 @@ def test_gateway_samples_through_the_tinker_sampler_and_a_sync_swaps_it(
         trainer.config.named_checkpoints = True
         step = trainer.step(built.datums)
         assert step.model_path and step.model_path.startswith("tinker://")
-        sync = WeightSync(c, reference=tinker_reference(trainer.training_client), tolerance=0.05)
+        reference = tinker_reference(trainer.training_client)
+        sync = WeightSync(c, reference=reference, probe_tokens=MAX_TOKENS, tolerance=0.05)
         t0 = time.perf_counter()
         report = sync.sync(step.model_path, step.policy_version)
         TIMES["weight_sync"] = time.perf_counter() - t0
