@@ -7,6 +7,7 @@ only loopback). One server for the module: it takes minutes to start and to comp
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,12 +18,17 @@ import pytest
 from tinker import types
 from transformers import AutoTokenizer
 
+import rollwire.engine
 from rollwire.data.protocol import Group, ModelCall, Rollout
 from rollwire.models.smollm2 import convert_smollm2
 from rollwire_tinker import TinkerConfig, TinkerTrainer, to_datums
 from rollwire_tinker.skyrl import SkyRLServer
 
 pytestmark = pytest.mark.timeout(1800)
+#: every sample (rollouts, the agent's chat, the probe) decodes this many tokens: SkyRL compiles
+#: its sampler per decode length (minutes each on a cold cache)
+MAX_TOKENS = 6
+SHIPPED = Path(rollwire.engine.__file__).parent / "hf_tokenizer"
 TIMES: dict[str, float] = {}
 
 
@@ -55,7 +61,7 @@ def trainer(server: SkyRLServer, model_dir: Path) -> TinkerTrainer:
 
 def _sample(sampler: Any, prompt: list[int], seed: int) -> Any:
     # one sample per call, every prompt in one length bucket: each new shape compiles for minutes
-    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=seed)
+    params = types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=seed)
     t0 = time.perf_counter()
     (seq,) = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences
     TIMES.setdefault("first_sample", time.perf_counter() - t0)
@@ -129,7 +135,7 @@ def test_two_steps_swap_the_sampler_and_move_the_trained_logprobs(
 
 
 def test_gateway_samples_through_the_tinker_sampler_and_a_sync_swaps_it(
-    trainer: TinkerTrainer, server: SkyRLServer, model_dir: Path
+    trainer: TinkerTrainer, server: SkyRLServer, model_dir: Path, tmp_path: Path
 ) -> None:
     """A ``tinker`` backend in tokens mode: the agent's chat call is sampled by the Tinker
     sampler; a WeightSync to a new checkpoint swaps the sampler, the probe checks it against the
@@ -140,13 +146,23 @@ def test_gateway_samples_through_the_tinker_sampler_and_a_sync_swaps_it(
     from rollwire.trainer.weight_sync import WeightSync
     from rollwire_tinker import tinker_reference
 
-    spec = {"url": server.base_url, "kind": "tinker", "model": str(model_dir), "tokenizer": str(model_dir), "name": "tinker"}  # fmt: skip
+    # tokens mode needs a template whose tool calls the gateway can parse (Hermes, Qwen3-Coder);
+    # SmolLM2's own has no tools, so its tokenizer renders with the engine's ChatML + Hermes one
+    # (the same <|im_start|>/<|im_end|> turns SmolLM2 was tuned on)
+    tok_dir = tmp_path / "tokenizer"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, tok_dir / name)
+    shutil.copy(SHIPPED / "chat_template.jinja", tok_dir / "chat_template.jinja")
+    spec = {"url": server.base_url, "kind": "tinker", "model": str(model_dir), "tokenizer": str(tok_dir), "name": "tinker"}  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     built = to_datums(_rollouts(trainer.sampling_client, tokenizer))
     with serve_in_thread(backends=[spec]) as gw, gw.client() as c:
 
         def chat() -> Any:
-            h = c.create_session(capture="tokens", sampling={"temperature": 0.0, "max_tokens": 4})
+            h = c.create_session(
+                capture="tokens", sampling={"temperature": 0.0, "max_tokens": MAX_TOKENS}
+            )
             oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0, timeout=900)
             t0 = time.perf_counter()
             # a short system turn keeps prompt + completion in the 32-token bucket compiled above
@@ -164,7 +180,8 @@ def test_gateway_samples_through_the_tinker_sampler_and_a_sync_swaps_it(
         trainer.config.named_checkpoints = True
         step = trainer.step(built.datums)
         assert step.model_path and step.model_path.startswith("tinker://")
-        sync = WeightSync(c, reference=tinker_reference(trainer.training_client), tolerance=0.05)
+        reference = tinker_reference(trainer.training_client)
+        sync = WeightSync(c, reference=reference, probe_tokens=MAX_TOKENS, tolerance=0.05)
         t0 = time.perf_counter()
         report = sync.sync(step.model_path, step.policy_version)
         TIMES["weight_sync"] = time.perf_counter() - t0
