@@ -124,7 +124,7 @@ def start_vllm(folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     args = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
         "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
-        "--kv-cache-memory-bytes", str(512 * 2**20), "--enforce-eager", "--dtype", "float32",
+        "--kv-cache-memory-bytes", str(512 * 2**20), "--enforce-eager", "--enable-scale-out", "--dtype", "float32",
         "--max-model-len", "2048",
     ]  # fmt: skip
     proc = subprocess.Popen(
