@@ -42,6 +42,9 @@ class SharedState:
     _resumed: asyncio.Event | None
     _drained: asyncio.Event | None
     _shared_seen: tuple[bool, str | None]
+    #: bumped before and after each shared setting this process writes: a read of the store that
+    #: overlapped one may predate it and is not applied (the next tick reads again)
+    _local_writes: int = 0
 
     async def load_shared_state(self) -> None:
         """Take the pause state, a weight sync's epoch, the policy version (and its ordinal), the
@@ -52,12 +55,15 @@ class SharedState:
         epoch cleared, then pause cleared): a gateway that reads "not paused" reads the new
         version and its ordinal.
         """
+        writes = self._local_writes
         paused_setting = await self.store.get_setting(_PAUSED)
         epoch = await self.store.get_setting(EPOCH_SETTING)
         raw = await self.store.get_setting(_POLICY_VERSION)
         policy_seq = await self.store.get_setting(POLICY_SEQ)
         trainer = await self.store.get_setting(TRAINER_SEQ)
         quarantined = await self.store.settings_with_prefix(_QUARANTINE)
+        if writes != self._local_writes:
+            return
         paused = bool(paused_setting) or epoch is not None
         version = None if raw is None else str(raw)
         # Follow changes only (what this process set itself stays until someone changes it).
@@ -84,13 +90,17 @@ class SharedState:
     async def set_paused(self, paused: bool) -> None:
         """Pause or resume every gateway on this store (this one at once, the others within
         ``shared_state_interval``); kept across restarts."""
+        self._local_writes += 1
         await self.store.set_setting(_PAUSED, True if paused else None)
+        self._local_writes += 1
         self._shared_seen = (paused, self._shared_seen[1])
         self.pause() if paused else self.resume()
 
     async def set_policy_version(self, version: str | None, seq: int | None = None) -> None:
         """Set the policy version stamped on captured calls, for every gateway on this store,
         with its ordinal ``seq`` (default: one more than the last for a new version)."""
+        self._local_writes += 1
+        trainer = await self.store.get_setting(TRAINER_SEQ)
         if seq is None:
             current = await self.store.get_setting(POLICY_SEQ)
             old = await self.store.get_setting(_POLICY_VERSION)
@@ -99,21 +109,26 @@ class SharedState:
         # the ordinal before the version: a gateway reading the new version reads its ordinal
         await self.store.set_setting(POLICY_SEQ, seq)
         await self.store.set_setting(_POLICY_VERSION, version)
+        self._local_writes += 1
         self._shared_seen = (self._shared_seen[0], version)
         self.policy_version = version
-        self.staleness.follow(seq, await self.store.get_setting(TRAINER_SEQ))
+        self.staleness.follow(seq, trainer)
 
     async def set_trainer_seq(self, seq: int | None, version: str | None = None) -> None:
         """Say how far the trainer is (``seq``, in the policy versions' ordinal; None: it no
         longer says), for every gateway on this store: what staleness is measured against."""
         trainer = None if seq is None else {"seq": seq, "version": version}
+        self._local_writes += 1
         await self.store.set_setting(TRAINER_SEQ, trainer)
+        self._local_writes += 1
         self.staleness.follow(self.staleness.policy_seq, trainer)
 
     async def set_quarantine(self, backend: Backend, reason: str | None) -> None:
         """Take ``backend`` out of rotation (``reason``) or put it back (None), for every gateway
         on this store: health checks do not undo it."""
+        self._local_writes += 1
         await self.store.set_setting(_QUARANTINE + backend.url, reason)
+        self._local_writes += 1
         if reason is not None:
             log.warning("backend %s (%s) out of rotation: %s", backend.name, backend.url, reason)
         backend.quarantined = reason
