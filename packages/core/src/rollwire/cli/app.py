@@ -1,5 +1,5 @@
 """The ``rollwire`` command line: engine, gateway, run, export, demo, doctor, inspect, eval,
-plugins.
+train, plugins.
 
 Each command lives next to the code it drives and is registered below, one line each. Help is
 plain click formatting (readable at 80 columns and when piped); expected errors end in one line
@@ -13,20 +13,21 @@ import os
 import typer
 
 from rollwire import __version__
-from rollwire.cli import commands, plugins, run
+from rollwire.cli import commands, plugins, run, train
 from rollwire.cli.doctor import doctor_command
 from rollwire.cli.engine import engine_app
 from rollwire.cli.errors import run_app
 from rollwire.cli.eval import evaluate as eval_command
 from rollwire.cli.gateway import gateway_app
 from rollwire.cli.inspect import inspect as inspect_command
+from rollwire.models.cli import models_app
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="rollwire",
     help="Online RL for production LLM agents: capture every model call, train with "
-    "verl/slime/rLLM.",
+    "TRL, verl, slime or rLLM.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -52,12 +53,14 @@ def _root(
 
 app.add_typer(engine_app, name="engine")
 app.add_typer(gateway_app, name="gateway")
+app.add_typer(models_app, name="models")
 app.command("run")(run.run)
 app.command("export")(commands.export)
 app.command("demo")(commands.demo)
 app.command("doctor")(doctor_command)
 app.command("inspect")(inspect_command)
 app.command("eval")(eval_command)
+app.command("train")(train.train)
 app.command("plugins")(plugins.plugins)
 
 

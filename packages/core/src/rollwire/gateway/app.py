@@ -43,11 +43,13 @@ from rollwire.gateway.control.foreign_results import SESSION_CONTROL_PATHS, fore
 from rollwire.gateway.control.routes import build_control_app
 from rollwire.gateway.dataplane import calls, hangups
 from rollwire.gateway.dataplane.sessions import SessionState
+from rollwire.gateway.dataplane.staleness import StalenessGate
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.live_sessions import LiveSessions
 from rollwire.gateway.metrics import GatewayMetrics
 from rollwire.gateway.security import TokenSigner, new_secret
 from rollwire.gateway.shared_state import SharedState
+from rollwire.gateway.sync_barrier import SyncBarrier
 from rollwire.gateway.ui import ui_routes
 from rollwire.store import SessionRecord, Store, open_store
 
@@ -108,6 +110,8 @@ class Gateway(LiveSessions, SharedState):
         self._sweep_task: asyncio.Task[None] | None = None
         self._share_task: asyncio.Task[None] | None = None
         self._shared_seen: tuple[bool, str | None] = (False, None)  # last read from the store
+        self.barrier = SyncBarrier(self)  # this gateway's part in a weight sync's pause
+        self.staleness = StalenessGate(self)  # max_staleness: the ordinals, the held calls
         self._background: set[asyncio.Task[Any]] = set()
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
@@ -173,6 +177,7 @@ class Gateway(LiveSessions, SharedState):
                     await task
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.barrier.close()
         await self.upstream.close()
         if self._http is not None:
             await self._http.close()
@@ -248,6 +253,8 @@ class Gateway(LiveSessions, SharedState):
                 "not_found",
             )
         raw = await read_body(scope, receive, self.config.max_body_bytes)
+        if st.record.max_staleness is not None:
+            await self.staleness.admit(st)  # a stale rollout's first call waits, not in flight
         if self.paused:
             assert self._resumed is not None
             await self._resumed.wait()

@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from rollwire.data.arrays import common_prefix_len
-from rollwire.data.protocol import ModelCall
+from rollwire.data.protocol import ModelCall, VersionSpan
 
 __all__ = [
     "CallRow",
@@ -304,6 +304,8 @@ def encode_call(
         tools_hash = hashlib.blake2b(tools_json, digest_size=16).hexdigest()
         request["tools"] = {"$blob": tools_hash}
     meta = {name: getattr(call, name) for name in META_FIELDS}
+    if call.weight_versions is not None:  # absent (not null) otherwise: old records look the same
+        meta["weight_versions"] = [span.model_dump() for span in call.weight_versions]
     meta["request"] = request
     if key is not None:
         meta["request_key"] = key
@@ -466,6 +468,8 @@ def decode_calls(
             request["messages"] = messages
             prev = messages
         shape = meta.get("experts_shape")
+        if meta.get("weight_versions") is not None:
+            meta["weight_versions"] = [VersionSpan(**v) for v in meta["weight_versions"]]
         for name in _STORE_META:
             meta.pop(name, None)
         routed = None

@@ -382,6 +382,19 @@ class SQLiteStore(WriteBatch):
 
         await self._db.submit(op)
 
+    async def settings_with_prefix(self, prefix: str) -> dict[str, Any]:
+        """Every unexpired setting whose name starts with ``prefix``."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, Any]:
+            rows = conn.execute(
+                "SELECT name, value FROM settings WHERE substr(name, 1, ?) = ?"
+                " AND (expires_at IS NULL OR expires_at > ?)",
+                (len(prefix), prefix, time.time()),
+            ).fetchall()
+            return {name: orjson.loads(value) for name, value in rows}
+
+        return await self._db.read(op)
+
     # ----------------------------------------------------------------- measurements
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` when the file cannot be read."""

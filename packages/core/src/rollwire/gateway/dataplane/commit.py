@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from rollwire.data.protocol import ModelCall
+from rollwire.gateway.dataplane.routing import learn_routing
 from rollwire.gateway.dataplane.sessions import Attempt, SessionState
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.ports import GatewayPort
@@ -98,6 +99,10 @@ async def commit_call(gw: GatewayPort, st: SessionState, call: ModelCall, attemp
     """
     rec = st.record
     _link_retry(gw, st, call, attempt)
+    if call.routed_experts is not None:
+        learn_routing(gw, call)
+    if rec.max_staleness is not None:
+        gw.staleness.mark(rec, call)
     t = time.perf_counter()
     try:
         await gw.store.append_call(call, request_key=attempt.key)

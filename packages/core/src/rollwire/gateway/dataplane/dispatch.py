@@ -20,7 +20,13 @@ from rollwire.gateway.backends.upstream import (
     UpstreamConnectError,
     UpstreamError,
 )
-from rollwire.gateway.dataplane.capture import Asked, Captured, extract, resolve_policy_version
+from rollwire.gateway.dataplane.capture import (
+    Asked,
+    Captured,
+    capture_spans,
+    extract,
+    resolve_policy_version,
+)
 from rollwire.gateway.dataplane.capture import strip_response as _strip
 from rollwire.gateway.dataplane.commit import assign
 from rollwire.gateway.dataplane.sessions import SessionState
@@ -95,6 +101,14 @@ async def _with_failover(
         backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
         if backend is None:
             break
+        if backend.kind == "tinker":
+            raise GatewayError(
+                400,
+                f"backend {backend.name} is a Tinker sampler, which takes token ids only: create "
+                "the session with capture='tokens'",
+                "invalid_request_error",
+                "tinker_needs_tokens_mode",
+            )
         tried.add(backend.name)
         backend.in_flight += 1
         try:
@@ -281,8 +295,11 @@ def fill_call(gw: GatewayPort, call: ModelCall, cap: Captured, backend: Backend)
         finish_reason=cap.finish_reason,
         policy_version=version,
     )
-    if version_flag:
-        call.flags.append(version_flag)
+    raw_spans = cap.weight_spans if cap.has_ids else None
+    call.weight_versions, spans_flag = capture_spans(raw_spans, cap.completion_ids.shape[0])
+    for flag in (version_flag, spans_flag):
+        if flag:
+            call.flags.append(flag)
     if backend.kind == "openai" or not cap.has_ids:
         call.trainable = False
         call.flags.append("no_token_ids")

@@ -25,7 +25,7 @@ from rollwire.gateway.backends.upstream import (
 
 __all__ = ["BackendFailure", "Generation", "generate", "sampling_payload"]
 
-TOKEN_KINDS = ("vllm", "sglang")
+TOKEN_KINDS = ("vllm", "sglang", "tinker")
 _JSON_HEADER = b"Content-Type: application/json\r\n"
 
 # Parameters whose names are the same on the OpenAI API, vLLM and SGLang sampling params.
@@ -63,6 +63,8 @@ class Generation:
     stop_reason: Any = None
     routed_experts: np.ndarray | None = None
     weight_version: str | None = None
+    #: the backend's per-token ``weight_versions`` spans as it sent them (vLLM's shape)
+    weight_spans: Any = None
     raw: dict[str, Any] = field(default_factory=dict)
     #: per completion token, the backend's most likely ``(token_id, logprob)`` (when asked)
     top_logprobs: list[list[tuple[int, float]]] | None = None
@@ -121,6 +123,8 @@ def sampling_payload(
         if session_id:
             body["session_id"] = session_id
         return body
+    if kind == "tinker":  # sampled through the SDK (backends/tinker.py), not posted
+        return {"token_ids": ids, "sampling": dict(sampling)}
     raise ValueError(f"backend kind {kind!r} has no token-in route; use one of {TOKEN_KINDS}")
 
 
@@ -261,6 +265,7 @@ def _read_vllm(obj: Any, url: str) -> Generation:
         stop_reason=choice.get("stop_reason"),
         routed_experts=experts,
         weight_version=None if version is None else str(version),
+        weight_spans=versions or None,
         raw=obj,
         top_logprobs=tops if any(tops) else None,
     )

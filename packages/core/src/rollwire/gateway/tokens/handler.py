@@ -77,6 +77,10 @@ async def _generate(
     backend = ctx.backend
 
     async def attempt(target: Backend, target_info: BackendInfo) -> Generation:
+        if target.kind == "tinker":
+            from rollwire.gateway.tokens.tinker import tinker_generate
+
+            return await tinker_generate(target, prompt_ids, effective, timeout=timeout)
         payload = sampling_payload(
             target.kind,
             prompt_ids,

@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from rollwire.data.arrays import as_array
 from rollwire.data.protocol import ModelCall
-from rollwire.gateway.dataplane.capture import resolve_policy_version
+from rollwire.gateway.dataplane.capture import capture_spans, resolve_policy_version
 from rollwire.gateway.dataplane.commit import new_call
 from rollwire.gateway.errors import error_response
 from rollwire.gateway.tokens.backend import BackendFailure, Generation
@@ -128,9 +128,10 @@ def captured_call(
         # constraint was not applied, which it should be able to see
         all_flags.append("tool_choice_ignored")
     version, version_flag = resolve_policy_version(gen.weight_version, ctx.policy_version)
-    if version_flag:
-        all_flags.append(version_flag)
     heal, completion = plan.heal, as_array(gen.completion_ids, np.int32, 1)
+    # a keep pause that swapped weights mid-call: the backend says which tokens each sampled
+    spans, spans_flag = capture_spans(gen.weight_spans, int(completion.shape[0]))
+    all_flags.extend(f for f in (version_flag, spans_flag) if f)
     prompt = as_array(heal.prompt_ids, np.int32, 1)
     experts = _experts(gen.routed_experts, prompt, completion)
     # The arrays are coerced as the model's validators would; the rest is trusted data.
@@ -148,6 +149,7 @@ def captured_call(
         off_policy=bool(plan.flags),
         flags=all_flags,
         policy_version=version,
+        weight_versions=spans,
         backend=backend.name,
         logprobs_mode="raw" if backend.kind == "vllm" else "processed",
         capture="tokens",

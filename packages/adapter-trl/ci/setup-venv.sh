@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Build (or reuse) .venv-trl: CPU torch + TRL 1.16 + transformers, the editable rollwire packages
+# and pytest, for `rollwire train` and the TRL adapter's tests. torch never enters the uv
+# workspace venv (.venv); this venv is separate on purpose. Idempotent: a venv that already
+# imports everything only gets the editable rollwire packages refreshed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+VENV="${ROLLWIRE_TRL_VENV:-$ROOT/.venv-trl}"
+PY="$VENV/bin/python"
+TORCH_VERSION="${ROLLWIRE_TORCH_VERSION:-2.13.0}"
+TRL_SPEC="trl>=1.16,<1.17"
+export PATH="$HOME/.local/bin:$PATH"
+
+log() { printf '[setup-trl-venv] %s\n' "$*"; }
+t0=$SECONDS
+
+check_imports() {
+  "$PY" - <<'PY' 2>/dev/null
+import torch, transformers, trl  # noqa
+from trl import GRPOConfig, GRPOTrainer  # noqa
+import pytest, pytest_asyncio, pytest_timeout, xdist  # noqa
+import rollwire, rollwire_trl  # noqa
+assert torch.__version__.endswith("+cpu"), torch.__version__
+assert trl.__version__.startswith("1.16"), trl.__version__
+PY
+}
+
+if ! command -v uv >/dev/null 2>&1; then
+  python3 -m pip install --quiet --user uv
+fi
+if [[ ! -x "$PY" ]]; then
+  log "creating $VENV"
+  uv venv -q -p 3.11 "$VENV"
+fi
+
+CONSTRAINTS="$(mktemp)"
+trap 'rm -f "$CONSTRAINTS"' EXIT
+# The constraint keeps every resolver step on the CPU wheel: trl -> accelerate -> torch would
+# otherwise pull PyPI's CUDA build (~3 GB with its NVIDIA wheels).
+echo "torch==$TORCH_VERSION+cpu" >"$CONSTRAINTS"
+FIND_LINKS=()
+[[ -n "${PIP_FIND_LINKS:-}" ]] && FIND_LINKS=(--find-links "$PIP_FIND_LINKS")
+INDEX=()
+[[ -z "${PIP_FIND_LINKS:-}" ]] && INDEX=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+EDITABLES=(-e "$ROOT/packages/core[plot,tensorboard]" -e "$ROOT/packages/adapter-trl")
+
+if check_imports; then
+  log "reusing $VENV (torch, TRL and the test dependencies import)"
+  # with dependencies: a package rollwire gained since the venv was built gets installed too
+  uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" "${EDITABLES[@]}"
+else
+  log "uv pip install torch==$TORCH_VERSION+cpu, $TRL_SPEC, transformers, rollwire (editable), pytest"
+  uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" \
+    "torch==$TORCH_VERSION+cpu" "$TRL_SPEC" "transformers>=4.56" "${EDITABLES[@]}" \
+    "pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "hypothesis>=6.100"
+  if ! check_imports; then
+    log "the venv still does not import everything; the error:"
+    "$PY" -c "import torch, trl, transformers, rollwire_trl; from trl import GRPOTrainer"
+    exit 1
+  fi
+fi
+log "done in $((SECONDS - t0)) s: $("$PY" -c 'import torch, trl, transformers; print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__)' 2>/dev/null | tail -1)"

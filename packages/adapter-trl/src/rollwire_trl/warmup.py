@@ -1,0 +1,93 @@
+"""A short supervised warm-up before RL: next-token loss on the assistant turns of conversations.
+
+``rollwire train`` runs it on a task's teacher conversations when the policy starts from a random
+model (the embedded engine's), so that RL starts from a policy that has the answer format. Only
+assistant tokens (their text and the end-of-turn token) carry loss; user, observation and
+template tokens are context, exactly as in an RL row.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["assistant_labels", "supervised_warmup"]
+
+IGNORE = -100
+
+
+def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], generation: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=generation, tokenize=True
+    )
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def assistant_labels(
+    tokenizer: Any, messages: Sequence[dict[str, Any]]
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of a conversation; labels are ``-100`` except on each assistant
+    message's tokens up to and including its end-of-turn token."""
+    ids = _render(tokenizer, messages, generation=False)
+    labels = [IGNORE] * len(ids)
+    end = tokenizer.eos_token_id
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        start = len(_render(tokenizer, messages[:i], generation=True))
+        stop = len(_render(tokenizer, messages[: i + 1], generation=False))
+        if ids[:start] != _render(tokenizer, messages[:i], generation=True):
+            raise ValueError(
+                f"the chat template does not render message {i} as an extension of the ones "
+                "before it; assistant tokens cannot be located for the warm-up"
+            )
+        for j in range(start, stop):
+            labels[j] = ids[j]
+            if ids[j] == end:
+                break
+    return ids, labels
+
+
+def supervised_warmup(
+    model: Any,
+    tokenizer: Any,
+    conversations: Sequence[Sequence[dict[str, Any]]],
+    *,
+    steps: int,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """``steps`` AdamW steps on batches drawn from ``conversations``; returns each step's loss."""
+    if steps < 0 or batch_size < 1:
+        raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {steps} and {batch_size}")
+    examples = [assistant_labels(tokenizer, c) for c in conversations]
+    if steps and not examples:
+        raise ValueError("the warm-up has no conversations to learn from")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    losses: list[float] = []
+    for _ in range(steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in batch])
+        labels = torch.tensor([y + [IGNORE] * (width - len(y)) for _, y in batch])
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1)
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses

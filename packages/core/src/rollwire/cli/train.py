@@ -1,0 +1,224 @@
+"""``rollwire train``: online RL on one machine — rollouts through the gateway, GRPO updates by TRL,
+weights pushed back to the server after every step, held-out pass@1 before and after.
+
+The loop itself lives in the TRL adapter (``rollwire-trl``, installed with ``rollwire[trl]``):
+this module only reads the options and loads that adapter through the plugin registry, so a
+machine without torch gets one line saying what to install.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rollwire.cli.errors import fail
+
+__all__ = ["INSTALL_HINT", "train"]
+
+console = Console()
+
+#: how to get TRL and a CPU-only torch (printed when the trl plugin cannot load)
+INSTALL_HINT = (
+    "rollwire train needs TRL and torch. CPU-only torch first, then the extra: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
+    'pip install "rollwire[trl]"; in a rollwire checkout, bash '
+    "packages/adapter-trl/ci/setup-venv.sh builds .venv-trl (then run .venv-trl/bin/rollwire train)"
+)
+
+
+def _adapter() -> Any:
+    from rollwire.plugins import PluginError, load_trainer
+
+    try:
+        adapter = load_trainer("trl")
+    except PluginError as exc:
+        raise fail(f"{exc}. {INSTALL_HINT}") from exc
+    if not callable(getattr(adapter, "train", None)):
+        raise fail("the installed trl plugin has no train(): upgrade rollwire-trl")
+    return adapter
+
+
+def _tasks(path: Path | None) -> list[dict[str, Any]] | None:
+    if path is None:
+        return None
+    from rollwire.data.tasks import read_tasks
+
+    try:
+        tasks = read_tasks(path)
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+    if not tasks:
+        raise fail(f"{path} holds no tasks: write one JSON object per line")
+    return tasks
+
+
+def _summary(result: Any, out: Path) -> Table:
+    b, f = result.baseline, result.final
+    table = Table(title=f"rollwire train → {out}", show_header=False)
+    table.add_row(
+        "held-out pass@1 before",
+        f"{b.pass_at_1:.3f}  [{b.pass_at_1_low:.3f}, {b.pass_at_1_high:.3f}]",
+    )
+    table.add_row(
+        "held-out pass@1 after",
+        f"{f.pass_at_1:.3f}  [{f.pass_at_1_low:.3f}, {f.pass_at_1_high:.3f}]",
+    )
+    table.add_row("held-out mean reward", f"{b.mean_reward:.3f} → {f.mean_reward:.3f}")
+    table.add_row("attempts per evaluation", f"{f.attempts} ({f.tasks} tasks)")
+    table.add_row("steps", str(len(result.steps)))
+    if result.policy.warmup_steps:
+        table.add_row("supervised warm-up", f"{result.policy.warmup_steps} steps before RL")
+    table.add_row("wall time", f"{result.wall_s:.0f} s")
+    table.add_row("trained policy", str(result.final_dir))
+    table.add_row("per-step log", str(out / "steps.jsonl"))
+    return table
+
+
+def train(
+    out: Path = typer.Option(
+        Path("rollwire-train"),
+        "--out",
+        "-o",
+        metavar="DIR",
+        help="Run folder: checkpoints, steps.jsonl, summary.json, final/.",
+    ),
+    task: str = typer.Option(
+        "lockbox",
+        "--task",
+        metavar="NAME",
+        help="Built-in task (lockbox: the embedded model learns it in minutes).",
+    ),
+    agent: str = typer.Option(
+        None,
+        "--agent",
+        metavar="MODULE:APP",
+        help="Your agent's RolloutApp (with --tasks and --eval-tasks).",
+    ),
+    tasks: Path = typer.Option(
+        None,
+        "--tasks",
+        exists=True,
+        metavar="PATH",
+        help="Training tasks (JSONL, JSON, CSV, Parquet).",
+    ),
+    eval_tasks: Path = typer.Option(
+        None,
+        "--eval-tasks",
+        exists=True,
+        metavar="PATH",
+        help="Held-out tasks evaluated every --eval-every steps.",
+    ),
+    model: Path = typer.Option(
+        None,
+        "--model",
+        exists=True,
+        file_okay=False,
+        metavar="DIR",
+        help="Hugging Face model folder to start from (default: the embedded engine's model after a supervised warm-up).",
+    ),
+    backend: str = typer.Option(
+        None,
+        "--backend",
+        metavar="URL",
+        help="A vLLM server (VLLM_SERVER_DEV_MODE=1) serving --model, instead of the embedded engine.",
+    ),
+    steps: int = typer.Option(40, "--steps", min=1, metavar="N", help="Optimizer steps."),
+    tasks_per_step: int = typer.Option(
+        8, "--tasks-per-step", min=1, metavar="N", help="Task groups rolled out per step."
+    ),
+    group_size: int = typer.Option(
+        8, "--group-size", "-n", min=2, metavar="N", help="Rollouts per task (the GRPO group)."
+    ),
+    learning_rate: float = typer.Option(
+        1e-3, "--lr", metavar="LR", help="AdamW learning rate of the RL phase."
+    ),
+    beta: float = typer.Option(
+        0.0,
+        "--beta",
+        metavar="B",
+        help="KL penalty to the starting policy (0: none, as TRL's default).",
+    ),
+    temperature: float = typer.Option(
+        1.0, "--temperature", metavar="T", help="Sampling temperature (TRL scores at the same one)."
+    ),
+    max_tokens: int = typer.Option(
+        8, "--max-tokens", metavar="N", help="Max tokens per model call."
+    ),
+    warmup_steps: int = typer.Option(
+        120,
+        "--warmup-steps",
+        min=0,
+        metavar="N",
+        help="Supervised warm-up steps on the task's teacher conversations (the embedded model only).",
+    ),
+    teacher_accuracy: float = typer.Option(
+        0.3,
+        "--teacher-accuracy",
+        min=0.0,
+        max=1.0,
+        metavar="P",
+        help="How often the warm-up's teacher is right.",
+    ),
+    eval_every: int = typer.Option(
+        10,
+        "--eval-every",
+        min=0,
+        metavar="N",
+        help="Held-out evaluation every N steps (0: only before and after).",
+    ),
+    eval_size: int = typer.Option(
+        64, "--eval-size", min=1, metavar="N", help="Held-out tasks of the built-in task."
+    ),
+    eval_k: int = typer.Option(
+        4, "--eval-k", min=1, metavar="K", help="Attempts per held-out task."
+    ),
+    importance_sampling: str = typer.Option(
+        "token_truncate",
+        "--importance-sampling",
+        metavar="MODE",
+        help="TRL's correction against the captured log-probs: token_truncate, token_mask, sequence_truncate, sequence_mask or off.",
+    ),
+    save_every: int = typer.Option(
+        10, "--save-every", min=1, metavar="N", help="Checkpoint every N steps."
+    ),
+    seed: int = typer.Option(
+        0, "--seed", metavar="INT", help="Seed of the model, the tasks and the trainer."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out from its newest checkpoint."
+    ),
+    threads: int = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        metavar="N",
+        help="torch threads (default: torch's; 1 on a busy machine).",
+    ),
+    metrics: str = typer.Option(
+        None, "--metrics", metavar="SINK", help="tensorboard:DIR, mlflow:URI or wandb:DIR."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Train the policy with GRPO (TRL) on rollouts captured by the gateway, syncing the server's
+    weights after every step; report held-out pass@1 before step 1 and after the last."""
+    if (agent is None) != (tasks is None) or (agent is not None and eval_tasks is None):
+        raise fail("--agent, --tasks and --eval-tasks go together (the built-in --task needs none)")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's notice, every run
+    adapter = _adapter()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    options = {k: v for k, v in locals().items() if k not in ("adapter", "threads", "torch")}
+    options["tasks"], options["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
+    options["log"] = lambda line: console.print(line, markup=False, highlight=False)
+    try:
+        result = adapter.train(**options)
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+    console.print(_summary(result, out))

@@ -1,0 +1,25 @@
+"""Lockbox, the task the embedded model learns in ``rollwire train``: read a code from the
+environment, then say it (:mod:`rollwire.envs.lockbox.game`); the agent is
+``rollwire.envs.lockbox.agent_openai:app``."""
+
+from rollwire.envs.lockbox.game import (
+    ACTION,
+    SPLITS,
+    answer_of,
+    make_tasks,
+    observation,
+    score,
+    task_prompt,
+    warmup_conversations,
+)
+
+__all__ = [
+    "ACTION",
+    "SPLITS",
+    "answer_of",
+    "make_tasks",
+    "observation",
+    "score",
+    "task_prompt",
+    "warmup_conversations",
+]

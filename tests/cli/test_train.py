@@ -1,0 +1,35 @@
+"""``rollwire train`` where TRL is not installed (the workspace venv): one line saying how to get
+it. The loop itself is tested in the TRL venv (packages/adapter-trl/ci/run-tests.sh)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLI = Callable[..., Any]
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is not None, reason="TRL is installed here: see run-tests.sh"
+)
+
+
+def test_train_without_trl_names_the_extra_and_the_venv_script(
+    cli: CLI, error_line: CLI, tmp_path: Path
+) -> None:
+    proc = cli("train", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert 'pip install "rollwire[trl]"' in line
+    assert "download.pytorch.org/whl/cpu" in line  # CPU torch, not PyPI's CUDA build
+    assert "packages/adapter-trl/ci/setup-venv.sh" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_agent_needs_its_tasks(cli: CLI, error_line: CLI, tmp_path: Path) -> None:
+    proc = cli("train", "--agent", "mod:app", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--agent, --tasks and --eval-tasks go together" in error_line(proc)
