@@ -191,7 +191,7 @@ class AgentCoreStandIn:
             self.invocations.append(
                 (request.path_params["arn"], request.query_params.get("qualifier", ""), sid)
             )
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             resp = await http.post(
                 f"{self.agent_url}/invocations",
                 content=await request.body(),
