@@ -258,7 +258,7 @@ def _leaves(node: object) -> Iterator[dict[str, object]]:
     ("args", "message"),
     [
         (["--scripted", "/no/such/script.yaml"], "script '/no/such/script.yaml' is neither"),
-        (["--model-dir", "/no/such/model"], "/no/such/model has no config.json"),
+        (["--model-dir", "/no/such/model"], "model folder '/no/such/model' does not exist"),
     ],
 )
 def test_engine_flags_are_checked_at_start(
