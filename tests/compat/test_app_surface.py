@@ -97,7 +97,9 @@ def test_ping_is_busy_while_every_handler_thread_is_stuck_past_its_deadline(
     with ServerThread(app) as server:
         # A deadline long enough for the handler to start on a loaded machine, short enough to
         # pass while it still holds its thread.
-        httpx.post(f"{server.url}/invocations", json=recorder.payload("st1", deadline_in=2.0))
+        httpx.post(
+            f"{server.url}/invocations", json=recorder.payload("st1", deadline_in=2.0), timeout=30
+        )
         assert started.wait(60)
         record = recorder.wait_for("st1")[0]
         assert record["status"] == "failed" and "deadline" in record["error"]
@@ -105,12 +107,12 @@ def test_ping_is_busy_while_every_handler_thread_is_stuck_past_its_deadline(
         while app.busy and time.monotonic() < end:
             time.sleep(0.01)
         assert not app.busy  # no rollout runs, but the only thread is still held
-        assert httpx.get(f"{server.url}/ping").json()["status"] == "HealthyBusy"
+        assert httpx.get(f"{server.url}/ping", timeout=30).json()["status"] == "HealthyBusy"
         release.set()
         end = time.monotonic() + 60
         while app.saturated and time.monotonic() < end:
             time.sleep(0.01)
-        assert httpx.get(f"{server.url}/ping").json()["status"] == "Healthy"
+        assert httpx.get(f"{server.url}/ping", timeout=30).json()["status"] == "Healthy"
 
 
 def test_forced_custom_and_tracked_ping_statuses() -> None:
@@ -196,6 +198,7 @@ def test_debug_actions_lifespan_middleware_context_and_websocket() -> None:
             f"{server.url}/invocations",
             json={"q": 7},
             headers={SESSION_HEADER: "sess-1", "x-custom": "v"},
+            timeout=30,
         )
         assert resp.json() == {"echo": 7} and resp.headers["x-stamp"] == "yes"
         ctx = contexts[0]
@@ -204,7 +207,7 @@ def test_debug_actions_lifespan_middleware_context_and_websocket() -> None:
 
         def action(name: str) -> Any:
             body = {"_agent_core_app_action": name}
-            return httpx.post(f"{server.url}/invocations", json=body).json()
+            return httpx.post(f"{server.url}/invocations", json=body, timeout=30).json()
 
         assert action("force_busy") == {"forced_status": "HealthyBusy"}
         assert action("ping_status")["status"] == "HealthyBusy"

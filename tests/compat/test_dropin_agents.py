@@ -106,7 +106,10 @@ def test_gen1_answers_like_the_toolkit_and_fails_when_the_model_is_unreachable(
     payload = recorder.payload("g1", prompt="What is 1 + 1?", answer="2")
     with ServerThread(module.app) as server:
         answer = httpx.post(
-            f"{server.url}/invocations", json=payload, headers={SESSION_HEADER: "g1-runtime"}
+            f"{server.url}/invocations",
+            json=payload,
+            headers={SESSION_HEADER: "g1-runtime"},
+            timeout=30,
         ).json()
         record = recorder.wait_for("g1")[0]
     assert answer == {
@@ -124,7 +127,7 @@ def test_gen2_answers_a_start_envelope_with_its_invocation_state(
     payload = recorder.payload("g2", prompt="What is 1 + 1?", answer="2")
     payload["_agentcore_runtime"] = {"version": 1, "operation": "start", "invocation_id": "inv1"}
     with ServerThread(module.app) as server:
-        answer = httpx.post(f"{server.url}/invocations", json=payload).json()
+        answer = httpx.post(f"{server.url}/invocations", json=payload, timeout=30).json()
         recorder.wait_for("g2")
     assert answer == {"version": 1, "invocation_id": "inv1", "status": "in_progress"}
 

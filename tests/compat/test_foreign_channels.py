@@ -45,9 +45,11 @@ def test_sagemaker_feedback_completes_the_session_with_per_turn_rewards(
     handle = _session(control)
     endpoint = f"{gateway.url}/s/{handle.token}"
     ids = {"JobArn": "arn:aws:sagemaker:us-west-2:0:job/x", "TrajectoryId": handle.session_id}
-    r1 = httpx.post(f"{endpoint}/complete-rollout", json={**ids, "Status": "ready"})
+    r1 = httpx.post(f"{endpoint}/complete-rollout", json={**ids, "Status": "ready"}, timeout=30)
     assert r1.status_code == 200, r1.text
-    r2 = httpx.post(f"{endpoint}/update-reward", json={**ids, "Rewards": [0.2, 0.5, 1.0]})
+    r2 = httpx.post(
+        f"{endpoint}/update-reward", json={**ids, "Rewards": [0.2, 0.5, 1.0]}, timeout=30
+    )
     assert r2.status_code == 200, r2.text
     rollout = control.rollout(handle.session_id)
     assert rollout.status == "completed" and rollout.reward == 1.0
@@ -60,13 +62,17 @@ def test_sagemaker_failed_status_fails_the_session_and_ids_are_checked(
 ) -> None:
     handle = _session(control)
     endpoint = f"{gateway.url}/s/{handle.token}"
-    other = httpx.post(f"{endpoint}/update-reward", json={"TrajectoryId": "other", "Rewards": 1})
+    other = httpx.post(
+        f"{endpoint}/update-reward", json={"TrajectoryId": "other", "Rewards": 1}, timeout=30
+    )
     assert other.status_code == 400 and "not this session" in other.text
-    forged = httpx.post(f"{gateway.url}/s/forged.1.x/complete-rollout", json={"Status": "ready"})
+    forged = httpx.post(
+        f"{gateway.url}/s/forged.1.x/complete-rollout", json={"Status": "ready"}, timeout=30
+    )
     assert forged.status_code == 401
     ids = {"TrajectoryId": handle.session_id}
-    httpx.post(f"{endpoint}/complete-rollout", json={**ids, "Status": "failed"})
-    httpx.post(f"{endpoint}/update-reward", json={**ids, "Rewards": [0.0]})
+    httpx.post(f"{endpoint}/complete-rollout", json={**ids, "Status": "failed"}, timeout=30)
+    httpx.post(f"{endpoint}/update-reward", json={**ids, "Rewards": [0.0]}, timeout=30)
     rollout = control.rollout(handle.session_id)
     assert rollout.status == "failed" and rollout.reward == 0.0 and "failed" in rollout.error
 
@@ -105,7 +111,9 @@ def test_s3_put_of_a_toolkit_result_is_the_sessions_record(
 
 
 def test_s3_put_needs_the_session_token_in_the_key(gateway: Any) -> None:
-    resp = httpx.put(f"{gateway.url}/bucket/not-a-token/t/s.json", content=b'{"rewards": 1}')
+    resp = httpx.put(
+        f"{gateway.url}/bucket/not-a-token/t/s.json", content=b'{"rewards": 1}', timeout=30
+    )
     assert resp.status_code == 401 and "session token" in resp.text
 
 

@@ -394,9 +394,13 @@ def test_refusals_come_in_the_dialects_error_shape(gateway: RunningGateway) -> N
     with gateway.client() as client:
         h = client.create_session()
         base = h.base_url
-        r = httpx.post(base + "/responses", json={"input": "x", "tools": [{"type": "web_search"}]})
+        r = httpx.post(
+            base + "/responses", json={"input": "x", "tools": [{"type": "web_search"}]}, timeout=30
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].type"
-        r = httpx.post(base + "/messages", json={"messages": [{"role": "user", "content": "x"}]})
+        r = httpx.post(
+            base + "/messages", json={"messages": [{"role": "user", "content": "x"}]}, timeout=30
+        )
         assert r.status_code == 400
         assert r.json() == {
             "type": "error",
@@ -466,7 +470,7 @@ def test_sdk_retries_are_matched_for_dialects(gateway: RunningGateway, route: st
         }
     with gateway.client() as client:
         h = client.create_session()
-        with httpx.Client(timeout=120) as http:  # a busy machine outlasts httpx's 5 s
+        with httpx.Client(timeout=30) as http:
             assert http.post(h.base_url + route, json=body).status_code == 200
             retry = http.post(
                 h.base_url + route, json=body, headers={"x-stainless-retry-count": "1"}

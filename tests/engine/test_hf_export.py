@@ -63,8 +63,8 @@ def test_only_float32_is_written(tmp_path: Path) -> None:
 
 def test_max_model_len_is_served(tmp_path: Path) -> None:
     with EmbeddedEngine(EngineConfig(max_model_len=64)) as eng:
-        (card,) = httpx.get(eng.url + "/v1/models").json()["data"]
+        (card,) = httpx.get(eng.url + "/v1/models", timeout=30).json()["data"]
         assert card["max_model_len"] == 64
         body = {"model": "rollwire-tiny", "prompt": [5] * 60, "max_tokens": 10}
-        r = httpx.post(eng.url + "/v1/completions", json=body)
+        r = httpx.post(eng.url + "/v1/completions", json=body, timeout=30)
         assert r.status_code == 400 and "max_model_len 64" in r.json()["error"]["message"]

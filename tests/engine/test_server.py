@@ -540,8 +540,8 @@ def test_sglang_generate(engine: EmbeddedEngine) -> None:
 
 # ---------------------------------------------------------------- utility routes
 def test_utility_routes(engine: EmbeddedEngine) -> None:
-    assert httpx.get(engine.url + "/health").status_code == 200
-    models = httpx.get(engine.url + "/v1/models").json()
+    assert httpx.get(engine.url + "/health", timeout=30).status_code == 200
+    models = httpx.get(engine.url + "/v1/models", timeout=30).json()
     assert models["object"] == "list" and models["data"][0]["id"] == "rollwire-tiny"
     t = _post(engine, "/tokenize", {"prompt": "hello world"}).json()
     assert (
@@ -561,12 +561,14 @@ def test_utility_routes(engine: EmbeddedEngine) -> None:
     ).json()
     assert t2["tokens"] == engine.tokenizer.apply_chat_template(MSGS, TOOLS, enable_thinking=False)
     assert _post(engine, "/detokenize", {"tokens": t["tokens"]}).json() == {"prompt": "hello world"}
-    info = httpx.get(engine.url + "/get_model_info").json()
+    info = httpx.get(engine.url + "/get_model_info", timeout=30).json()
     assert info["num_experts"] == 8 and info["top_k"] == 2
 
 
 def test_weight_version(engine: EmbeddedEngine) -> None:
-    assert httpx.get(engine.url + "/get_weight_version").json() == {"weight_version": "0"}
+    assert httpx.get(engine.url + "/get_weight_version", timeout=30).json() == {
+        "weight_version": "0"
+    }
     assert _post(engine, "/update_weight_version", {"new_version": "7"}).json()["success"] is True
     try:
         d = _post(
@@ -585,7 +587,7 @@ def test_weight_version(engine: EmbeddedEngine) -> None:
 
 def test_pause_and_abort(engine: EmbeddedEngine) -> None:
     assert _post(engine, "/pause?mode=keep", {}).status_code == 200
-    assert httpx.get(engine.url + "/is_paused").json() == {"is_paused": True}
+    assert httpx.get(engine.url + "/is_paused", timeout=30).json() == {"is_paused": True}
     assert _post(engine, "/resume", {}).status_code == 200
 
     async def go() -> dict[str, Any]:
@@ -746,7 +748,7 @@ def test_any_model_name_when_not_strict() -> None:
 def test_strict_model_name_is_vllm_404() -> None:
     cfg = EngineConfig(served_model_names=["policy", "policy-v2"], strict_model_name=True)
     with EmbeddedEngine(cfg) as eng:
-        cards = httpx.get(eng.url + "/v1/models").json()["data"]
+        cards = httpx.get(eng.url + "/v1/models", timeout=30).json()["data"]
         assert [c["id"] for c in cards] == ["policy", "policy-v2"]
         for path, body in (
             ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 1}),
@@ -767,7 +769,7 @@ def test_strict_model_name_is_vllm_404() -> None:
 
 # ---------------------------------------------------------------- route coverage
 def test_models_card_fields(engine: EmbeddedEngine) -> None:
-    [card] = httpx.get(engine.url + "/v1/models").json()["data"]
+    [card] = httpx.get(engine.url + "/v1/models", timeout=30).json()["data"]
     assert card["id"] == card["root"] == "rollwire-tiny" and card["object"] == "model"
     assert card["owned_by"] == "rollwire" and card["parent"] is None
     assert card["max_model_len"] == engine.model.config.max_model_len
@@ -777,10 +779,10 @@ def test_models_card_fields(engine: EmbeddedEngine) -> None:
 def test_sglang_pause_continue_and_abort(engine: EmbeddedEngine) -> None:
     r = _post(engine, "/pause_generation", {"mode": "in_place"})  # SGLang's shapes and modes
     assert r.json() == {"message": "Generation paused successfully.", "status": "ok"}
-    assert httpx.get(engine.url + "/is_paused").json() == {"is_paused": True}
+    assert httpx.get(engine.url + "/is_paused", timeout=30).json() == {"is_paused": True}
     r = _post(engine, "/continue_generation", {})
     assert r.json() == {"message": "Generation continued successfully.", "status": "ok"}
-    assert httpx.get(engine.url + "/is_paused").json() == {"is_paused": False}
+    assert httpx.get(engine.url + "/is_paused", timeout=30).json() == {"is_paused": False}
     assert _post(engine, "/pause_generation", {"mode": "keep"}).status_code == 400  # vLLM's name
 
     async def go() -> dict[str, Any]:

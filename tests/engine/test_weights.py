@@ -232,22 +232,24 @@ def test_bad_folders_are_refused_and_the_old_weights_keep_serving(
         assert r.status_code == 400, (case, r.text)
         message = r.json()["error"]["message"]
         assert word in message and "old weights keep serving" in message, (case, message)
-        s = httpx.post(served.url + "/update_weights_from_disk", json={"model_path": str(path)})
+        s = httpx.post(
+            served.url + "/update_weights_from_disk", json={"model_path": str(path)}, timeout=30
+        )
         assert s.status_code == 400, (case, s.text)
         assert s.json()["success"] is False and word in s.json()["message"], (case, s.json())
         assert _greedy(served) == before, case
     with pytest.raises(WeightsError, match="F64"):
         load_hf(cases["dtype"][0])
-    assert httpx.get(served.url + "/weight_info").json() == {"weight_version": "0"}
+    assert httpx.get(served.url + "/weight_info", timeout=30).json() == {"weight_version": "0"}
 
 
 def test_collective_rpc_refuses_what_it_cannot_run(served: EmbeddedEngine) -> None:
     url = served.url + "/collective_rpc"
-    r = httpx.post(url, json={"kwargs": {}})
+    r = httpx.post(url, json={"kwargs": {}}, timeout=30)
     assert r.status_code == 400 and "Missing 'method'" in r.json()["error"]["message"]
-    r = httpx.post(url, json={"method": "update_config"})
+    r = httpx.post(url, json={"method": "update_config"}, timeout=30)
     assert r.status_code == 400 and "'update_config'" in r.json()["error"]["message"]
-    r = httpx.post(url, json={"method": "reload_weights", "kwargs": {"path": "/x"}})
+    r = httpx.post(url, json={"method": "reload_weights", "kwargs": {"path": "/x"}}, timeout=30)
     assert r.status_code == 400 and "['path']" in r.json()["error"]["message"]
 
 
@@ -268,11 +270,11 @@ def test_reload_changes_answers_like_a_fresh_engine_and_back(
     assert _rpc_reload(served, folders["orig"]).status_code == 200
     assert _greedy(served) == original
     assert len(cache) > 0
-    r = httpx.post(served.url + "/reset_prefix_cache?reset_running_requests=true")
+    r = httpx.post(served.url + "/reset_prefix_cache?reset_running_requests=true", timeout=30)
     assert r.status_code == 200 and r.content == b"" and len(cache) == 0
     # without weights_path, reload_weights reloads what the engine started from (vLLM's rule)
     assert _rpc_reload(served, folders["pert"]).status_code == 200
-    r = httpx.post(served.url + "/collective_rpc", json={"method": "reload_weights"})
+    r = httpx.post(served.url + "/collective_rpc", json={"method": "reload_weights"}, timeout=30)
     assert r.status_code == 200 and _greedy(served) == original
 
 
@@ -446,17 +448,20 @@ def test_sglang_update_weights_from_disk_and_flush_cache(
             assert not sched.paused
 
     asyncio.run(go())
-    assert httpx.get(served.url + "/get_weight_version").json() == {"weight_version": "7"}
+    assert httpx.get(served.url + "/get_weight_version", timeout=30).json() == {
+        "weight_version": "7"
+    }
     assert _greedy(served) == changed
     g = httpx.post(
         served.url + "/generate",
         json={"input_ids": PROMPT, "return_logprob": True,
               "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}},
+        timeout=30,
     ).json()  # fmt: skip
     assert g["output_ids"] == changed[0] and g["meta_info"]["weight_version"] == "7"
     assert len(sched.prefix_cache) > 0
     for method in ("GET", "POST"):
-        r = httpx.request(method, served.url + "/flush_cache")
+        r = httpx.request(method, served.url + "/flush_cache", timeout=30)
         assert r.status_code == 200 and r.text.startswith("Cache flushed.")
         assert len(sched.prefix_cache) == 0
     assert _rpc_reload(served, folders["orig"]).status_code == 200

@@ -109,7 +109,9 @@ def test_upstream_timeout_is_504() -> None:
         gw.client() as c,
     ):
         h = c.create_session()
-        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        r = httpx.post(
+            h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}, timeout=30
+        )
         assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
         (call,) = c.calls(h.session_id)
         assert call.status == "failed" and not call.trainable
@@ -308,11 +310,15 @@ def test_served_model_name_is_rediscovered_unless_pinned() -> None:
         _wait_for(lambda: c.backends()[0]["model"] == "served-a")
         h = c.create_session()
         body = {"model": "policy", "messages": MSGS}
-        assert httpx.post(h.base_url + "/chat/completions", json=body).status_code == 200
+        assert (
+            httpx.post(h.base_url + "/chat/completions", json=body, timeout=30).status_code == 200
+        )
         assert nb.requests[-1][0]["model"] == "served-a"
         nb.served = "served-b"
         _wait_for(lambda: c.backends()[0]["model"] == "served-b")
-        assert httpx.post(h.base_url + "/chat/completions", json=body).status_code == 200
+        assert (
+            httpx.post(h.base_url + "/chat/completions", json=body, timeout=30).status_code == 200
+        )
         assert nb.requests[-1][0]["model"] == "served-b"
         info = c.backends()[0]
         assert info["model_pinned"] is False
@@ -324,7 +330,9 @@ def test_served_model_name_is_rediscovered_unless_pinned() -> None:
         time.sleep(0.4)  # a few health checks
         assert c.backends()[0]["model"] == "fixed-name"
         h = c.create_session()
-        assert httpx.post(h.base_url + "/chat/completions", json=body).status_code == 200
+        assert (
+            httpx.post(h.base_url + "/chat/completions", json=body, timeout=30).status_code == 200
+        )
         assert pinned.requests[-1][0]["model"] == "fixed-name"
 
 

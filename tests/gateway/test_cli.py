@@ -37,7 +37,7 @@ def _gateway_process(argv: list[str], port: int) -> Iterator[subprocess.Popen[by
     env = {**os.environ, "ROLLWIRE_ADMIN_KEY": ADMIN}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # bounds a hang: start-up is slow on a busy machine
         while True:
             if proc.poll() is not None:
                 err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
@@ -48,7 +48,7 @@ def _gateway_process(argv: list[str], port: int) -> Iterator[subprocess.Popen[by
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail("gateway did not answer /health within 60 s")
+                pytest.fail("gateway did not answer /health within 180 s")
             time.sleep(0.1)
         yield proc
     finally:
@@ -66,10 +66,12 @@ def test_rollwire_gateway_cli_serves_and_stops(tmp_path: Path) -> None:
     port = _free_port()
     argv = [exe, "gateway", "--port", str(port), "--store", f"sqlite:{tmp_path / 'cli.sqlite'}"]
     with _gateway_process(argv, port) as proc:
-        health = httpx.get(f"http://127.0.0.1:{port}/health").json()
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()
         assert health["status"] == "ok" and health["backends"] == 0
         r = httpx.get(
-            f"http://127.0.0.1:{port}/api/backends", headers={"authorization": f"Bearer {ADMIN}"}
+            f"http://127.0.0.1:{port}/api/backends",
+            headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=30,
         )
         assert r.status_code == 200 and r.json() == {"backends": []}
         proc.send_signal(signal.SIGINT)

@@ -19,7 +19,9 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 def _post(url: str, token: str | None = None, json: dict | None = None) -> httpx.Response:
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    return httpx.post(url, json=json or {"model": "p", "messages": MSGS}, headers=headers)
+    return httpx.post(
+        url, json=json or {"model": "p", "messages": MSGS}, headers=headers, timeout=30
+    )
 
 
 def test_missing_forged_expired_tokens_are_refused(
@@ -44,7 +46,7 @@ def test_missing_forged_expired_tokens_are_refused(
 
 
 def test_admin_key_and_session_token_scope(gateway: RunningGateway, client: GatewayClient) -> None:
-    r = httpx.post(gateway.url + "/api/sessions", json={})
+    r = httpx.post(gateway.url + "/api/sessions", json={}, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_key"
     a = client.create_session()
     b = client.create_session()
@@ -54,6 +56,7 @@ def test_admin_key_and_session_token_scope(gateway: RunningGateway, client: Gate
     r = httpx.get(
         gateway.url + f"/api/sessions/{a.session_id}",
         headers={"authorization": f"Bearer {a.token}"},
+        timeout=30,
     )
     assert r.status_code == 401
     info = client.complete(a.session_id, reward=0.5, token=a.token)
@@ -239,17 +242,19 @@ def test_wait_leaves_no_waiter_behind(gateway: RunningGateway, client: GatewayCl
 def test_control_plane_errors_are_openai_shaped(gateway: RunningGateway) -> None:
     headers = {"authorization": f"Bearer {gateway.admin_key}"}
     api = gateway.url + "/api"
-    sid = httpx.post(api + "/sessions", json={}, headers=headers).json()["session_id"]
+    sid = httpx.post(api + "/sessions", json={}, headers=headers, timeout=30).json()["session_id"]
     for bad in (["completed"], 1, {"x": 1}, "weird"):
-        r = httpx.post(f"{api}/sessions/{sid}/complete", json={"status": bad}, headers=headers)
+        r = httpx.post(
+            f"{api}/sessions/{sid}/complete", json={"status": bad}, headers=headers, timeout=30
+        )
         assert r.status_code == 400, (bad, r.text)
         assert r.headers["content-type"] == "application/json"
         assert "status must be one of" in r.json()["error"]["message"]
     for limit in ("9" * 24, "100001", "0", "-1", "x", "１"):
-        r = httpx.get(api + "/sessions", params={"limit": limit}, headers=headers)
+        r = httpx.get(api + "/sessions", params={"limit": limit}, headers=headers, timeout=30)
         assert r.status_code == 400, (limit, r.text)
         assert r.json()["error"]["code"] == "invalid_query"
-    r = httpx.get(api + "/sessions", params={"limit": "100000"}, headers=headers)
+    r = httpx.get(api + "/sessions", params={"limit": "100000"}, headers=headers, timeout=30)
     assert r.status_code == 200
 
 
@@ -263,6 +268,7 @@ def test_control_plane_unexpected_error_is_openai_shaped(
     r = httpx.get(
         gateway.url + "/api/sessions",
         headers={"authorization": f"Bearer {gateway.admin_key}"},
+        timeout=30,
     )
     assert r.status_code == 500 and r.headers["content-type"] == "application/json"
     err = r.json()["error"]

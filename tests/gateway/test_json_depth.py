@@ -33,7 +33,7 @@ def test_deep_chat_message_is_a_400_naming_the_limit(
     assert "depth limit" in err["message"] and str(MAX_JSON_DEPTH) in err["message"]
     # Refused before the call began: nothing recorded, nothing left in flight.
     assert client.calls(h.session_id) == []
-    assert httpx.get(gateway.url + "/health").json()["in_flight"] == 0
+    assert httpx.get(gateway.url + "/health", timeout=30).json()["in_flight"] == 0
     # The session still serves a normal request.
     ok = _post(h.base_url + "/chat/completions", _chat(1))
     assert ok.status_code == 200, ok.text

@@ -159,7 +159,7 @@ def test_bearer_token_on_v1_and_models(gateway: RunningGateway, client: GatewayC
     assert r.choices[0].message.content
     assert [m.id for m in oai.models.list()] == ["null"]
     assert len(client.calls(h.session_id)) == 1
-    models = httpx.get(h.base_url + "/models")
+    models = httpx.get(h.base_url + "/models", timeout=30)
     assert models.status_code == 200
 
 
@@ -167,7 +167,7 @@ def test_retry_marks_earlier_attempt(client: GatewayClient) -> None:
     h = client.create_session()
     body = {"model": "policy", "messages": MSGS}
     url = h.base_url + "/chat/completions"
-    with httpx.Client() as http:
+    with httpx.Client(timeout=30) as http:
         assert http.post(url, json=body).status_code == 200
         r = http.post(url, json=body, headers={"x-stainless-retry-count": "1"})
         assert r.status_code == 200
@@ -223,7 +223,7 @@ def test_policy_version_is_stamped(client: GatewayClient) -> None:
 
 
 def test_metrics_and_health(gateway: RunningGateway) -> None:
-    text = httpx.get(gateway.url + "/metrics").text
+    text = httpx.get(gateway.url + "/metrics", timeout=30).text
     assert "rollwire_calls_total" in text and "rollwire_store_commit_seconds_count" in text
     assert "rollwire_call_latency_seconds_bucket" in text
-    assert httpx.get(gateway.url + "/health").json()["status"] == "ok"
+    assert httpx.get(gateway.url + "/health", timeout=30).json()["status"] == "ok"

@@ -304,12 +304,15 @@ def test_control_plane_refuses_bad_queries_and_rewards(
         ("GET", f"/sessions/{h.session_id}/wait?timeout=abc"),
         ("GET", f"/sessions/{h.session_id}/wait?timeout=nan"),
     ):
-        r = httpx.request(method, api + path, headers=headers)
+        r = httpx.request(method, api + path, headers=headers, timeout=30)
         assert r.status_code == 400, path
         assert r.json()["error"]["message"], path
     for reward in ("nan", "inf", "1e999", True):
         r = httpx.post(
-            api + f"/sessions/{h.session_id}/complete", json={"reward": reward}, headers=headers
+            api + f"/sessions/{h.session_id}/complete",
+            json={"reward": reward},
+            headers=headers,
+            timeout=30,
         )
         assert r.status_code == 400, reward
         assert "reward" in r.json()["error"]["message"]
@@ -317,6 +320,7 @@ def test_control_plane_refuses_bad_queries_and_rewards(
         api + f"/sessions/{h.session_id}/complete",
         json={"reward": 1.0, "metrics": {"acc": "nan"}},
         headers=headers,
+        timeout=30,
     )
     assert r.status_code == 400 and "acc" in r.json()["error"]["message"]
     assert client.get_session(h.session_id).status == "running"
@@ -326,7 +330,7 @@ def test_control_plane_body_size_limit(backend: tuple[NullBackend, ServerThread]
     with serve_in_thread(backends=[(backend[1].url, "vllm")], max_body_bytes=2000) as gw:
         headers = {"authorization": f"Bearer {gw.admin_key}"}
         big = {"metadata": {"blob": "x" * 5000}}
-        r = httpx.post(gw.url + "/api/sessions", json=big, headers=headers)
+        r = httpx.post(gw.url + "/api/sessions", json=big, headers=headers, timeout=30)
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
         def chunks() -> Iterator[bytes]:  # no content-length: the limit holds while reading
@@ -335,7 +339,7 @@ def test_control_plane_body_size_limit(backend: tuple[NullBackend, ServerThread]
                 yield b"x" * 500
             yield b'"}}'
 
-        r = httpx.post(gw.url + "/api/sessions", content=chunks(), headers=headers)
+        r = httpx.post(gw.url + "/api/sessions", content=chunks(), headers=headers, timeout=30)
         assert r.status_code == 413
 
 
@@ -410,7 +414,7 @@ def test_session_cache_keeps_no_terminal_or_expired_sessions(
     client.complete(h.session_id, reward=0.0)
     assert h.session_id not in gw.sessions
     assert _post(url).status_code == 409
-    assert httpx.get(h.base_url + "/models").status_code == 200
+    assert httpx.get(h.base_url + "/models", timeout=30).status_code == 200
     assert h.session_id not in gw.sessions  # a closed session is not cached again
 
     monkeypatch.setattr(live_sessions, "_MAX_CACHED_SESSIONS", 3)

@@ -111,7 +111,7 @@ def test_a_call_without_routing_is_flagged_and_counted() -> None:
             assert s["routing_gaps"] == {"b0": [2, 2]}
             with pytest.raises(Exception, match="routed_experts must be true or false"):
                 c.create_session(routed_experts="yes")
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = httpx.get(gw.url + "/metrics", timeout=30).text
         assert "rollwire_routed_experts_missing_total 2" in metrics
 
 

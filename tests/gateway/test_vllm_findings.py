@@ -114,14 +114,14 @@ def test_default_weight_version_counts_as_unreported(vllm_like: tuple[VLLMLike, 
         h = c.create_session()
         assert (
             httpx.post(
-                h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}
+                h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}, timeout=30
             ).status_code
             == 200
         )
         c.set_policy_version("w1")
         assert (
             httpx.post(
-                h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}
+                h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}, timeout=30
             ).status_code
             == 200
         )
@@ -137,7 +137,9 @@ def test_sync_weight_version_sets_servers_then_gateway(vllm_like: tuple[VLLMLike
         assert c.sync_weight_version("w2") == "w2"
         assert fake.updates == ["w2"]
         h = c.create_session()
-        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        r = httpx.post(
+            h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}, timeout=30
+        )
         assert r.status_code == 200
         (call,) = c.calls(h.session_id)
         assert call.policy_version == "w2" and call.flags == []
@@ -167,13 +169,17 @@ def test_tokens_mode_caps_max_tokens_to_the_context() -> None:
         gw.client() as c,
     ):
         h = c.create_session(capture="tokens", sampling={"max_tokens": 1000, "temperature": 0.0})
-        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        r = httpx.post(
+            h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}, timeout=30
+        )
         assert r.status_code == 200, r.text
         (call,) = c.calls(h.session_id)
         room = 96 - len(call.prompt_ids)
         assert call.sampling["max_tokens"] == room and len(call.completion_ids) <= room
         long = [{"role": "user", "content": "word " * 200}]
-        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": long})
+        r = httpx.post(
+            h.base_url + "/chat/completions", json={"model": "p", "messages": long}, timeout=30
+        )
         assert r.status_code == 400 and "max_model_len 96" in r.text
 
 
@@ -187,13 +193,17 @@ def test_backend_tokenizer_for_a_remote_server() -> None:
     ):
         c.add_backend(server.url, name="remote")
         h = c.create_session(capture="tokens")
-        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        r = httpx.post(
+            h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}, timeout=30
+        )
         assert r.status_code == 400 and "/models/on/another/host" in r.text
         c.remove_backend("remote")
         (info,) = c.add_backend(server.url, name="remote", tokenizer=str(tokenizer_dir()))
         assert info["tokenizer"] == str(tokenizer_dir())
         h = c.create_session(capture="tokens")
-        r = httpx.post(h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS})
+        r = httpx.post(
+            h.base_url + "/chat/completions", json={"model": "p", "messages": MSGS}, timeout=30
+        )
         # rendered with the backend's tokenizer and sent: the fake's token-in route refuses it
         assert "/models/on/another/host" not in r.text
         (call,) = c.calls(h.session_id)

@@ -34,13 +34,15 @@ def agent() -> Iterator[str]:
 
 
 def test_rollout_app_refuses_big_and_deep_bodies(agent: str) -> None:
-    r = httpx.post(agent + "/invocations", content=b'{"a": "' + b"x" * 70_000 + b'"}')
+    r = httpx.post(agent + "/invocations", content=b'{"a": "' + b"x" * 70_000 + b'"}', timeout=30)
     assert r.status_code == 413 and "65536" in r.json()["error"]
-    r = httpx.post(agent + "/invocations", content=b"[" * 3000 + b"]" * 3000)
+    r = httpx.post(agent + "/invocations", content=b"[" * 3000 + b"]" * 3000, timeout=30)
     assert r.status_code == 400
-    r = httpx.post(agent + "/invocations", content=b'{"a": ' * 2000 + b"1" + b"}" * 2000)
+    r = httpx.post(
+        agent + "/invocations", content=b'{"a": ' * 2000 + b"1" + b"}" * 2000, timeout=30
+    )
     assert r.status_code == 400
-    assert httpx.post(agent + "/invocations", json={"prompt": "hi"}).status_code == 200
+    assert httpx.post(agent + "/invocations", json={"prompt": "hi"}, timeout=30).status_code == 200
 
 
 @pytest.fixture

@@ -118,7 +118,9 @@ def test_redis_outage_is_503_then_recovers(null_url: str) -> None:
         assert r.status_code == 503, r.text
         err = r.json()["error"]
         assert err["code"] == "store_unavailable" and "not recorded" in err["message"]
-        r = httpx.post(gw.url + "/api/sessions", json={}, headers={"authorization": "Bearer k"})
+        r = httpx.post(
+            gw.url + "/api/sessions", json={}, headers={"authorization": "Bearer k"}, timeout=30
+        )
         assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
         server.start()
         codes = [_call(h.base_url, body).status_code for _ in range(3)]

@@ -79,10 +79,15 @@ def test_old_token_does_not_open_a_recreated_session(gw: RunningGateway) -> None
     old = httpx.post(s["base_url"] + "/chat/completions", json=MSG, timeout=30)
     assert old.status_code == 401 and "earlier session" in old.json()["error"]["message"]
     done = httpx.post(
-        s["complete_url"], json={"reward": 1.0}, headers={"authorization": f"Bearer {s['token']}"}
+        s["complete_url"],
+        json={"reward": 1.0},
+        headers={"authorization": f"Bearer {s['token']}"},
+        timeout=30,
     )
     assert done.status_code == 401
-    assert httpx.post(fresh["base_url"] + "/chat/completions", json=MSG).status_code == 200
+    assert (
+        httpx.post(fresh["base_url"] + "/chat/completions", json=MSG, timeout=30).status_code == 200
+    )
     calls = api(gw, "GET", "/api/sessions/reborn/calls").json()["calls"]
     assert len(calls) == 1
 
@@ -107,7 +112,10 @@ def test_bad_completions_change_nothing(
     s = new_session(gw)
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
     r = httpx.post(
-        s["complete_url"], content=raw, headers={**ADMIN, "content-type": "application/json"}
+        s["complete_url"],
+        content=raw,
+        headers={**ADMIN, "content-type": "application/json"},
+        timeout=30,
     )
     assert r.status_code == 400, r.text
     assert api(gw, "GET", f"/api/sessions/{s['session_id']}").json()["status"] == "running"
@@ -116,7 +124,9 @@ def test_bad_completions_change_nothing(
 def test_long_error_text_is_kept_bounded(gw: RunningGateway) -> None:
     s = new_session(gw)
     text = "start " + "x" * 100_000 + " end"
-    r = httpx.post(s["complete_url"], json={"status": "failed", "error": text}, headers=ADMIN)
+    r = httpx.post(
+        s["complete_url"], json={"status": "failed", "error": text}, headers=ADMIN, timeout=30
+    )
     assert r.status_code == 200
     kept = r.json()["error"]
     assert len(kept) < 17_000 and kept.startswith("start ") and kept.endswith(" end")
@@ -148,7 +158,7 @@ def test_running_list_leaves_out_expired_sessions(gw: RunningGateway) -> None:
     group = "expiring"
     gone = new_session(gw, group_id=group, ttl=0.01)
     live = new_session(gw, group_id=group)
-    httpx.get(gw.url + "/health")  # some time passes; the TTL of 10 ms is over
+    httpx.get(gw.url + "/health", timeout=30)  # some time passes; the TTL of 10 ms is over
     import time
 
     time.sleep(0.05)  # nothing to wait on: the TTL is wall-clock time
@@ -193,12 +203,16 @@ def test_stream_answered_without_sse_is_a_clear_error() -> None:
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
     with ServerThread(app) as b, serve_in_thread(backends=[(b.url, "openai")], admin_key=KEY) as g:
-        r = httpx.post(g.url + "/api/sessions", json={}, headers=ADMIN)
+        r = httpx.post(g.url + "/api/sessions", json={}, headers=ADMIN, timeout=30)
         s = r.json()
-        r = httpx.post(s["base_url"] + "/chat/completions", json={**MSG, "stream": True})
+        r = httpx.post(
+            s["base_url"] + "/chat/completions", json={**MSG, "stream": True}, timeout=30
+        )
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_not_sse"
         assert "text/event-stream" in r.json()["error"]["message"]
-        calls = httpx.get(g.url + f"/api/sessions/{s['session_id']}/calls", headers=ADMIN)
+        calls = httpx.get(
+            g.url + f"/api/sessions/{s['session_id']}/calls", headers=ADMIN, timeout=30
+        )
         (call,) = calls.json()["calls"]
         assert call["status"] == "failed" and call["trainable"] is False
 

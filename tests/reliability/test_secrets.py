@@ -75,7 +75,9 @@ def test_tokens_and_keys_are_never_logged(caplog: pytest.LogCaptureFixture) -> N
             headers={"authorization": f"Bearer {forged}"},
             timeout=30,
         )
-        httpx.get(gw.url + "/api/sessions", headers={"authorization": "Bearer wrong-admin"})
+        httpx.get(
+            gw.url + "/api/sessions", headers={"authorization": "Bearer wrong-admin"}, timeout=30
+        )
         c.complete(h.session_id, reward=1.0)
     # The gateway's own logs and its server's (the test's httpx client logs its URLs itself).
     mine = [r for r in caplog.records if r.name.startswith(("rollwire", "uvicorn", "aiohttp"))]
@@ -93,8 +95,8 @@ def test_metrics_and_health_can_require_the_key() -> None:
         serve_in_thread(backends=[(b.url, "vllm")], admin_key="k", private_metrics=True) as gw,
     ):
         for path in ("/metrics", "/health"):
-            assert httpx.get(gw.url + path).status_code == 401
-            r = httpx.get(gw.url + path, headers={"authorization": "Bearer k"})
+            assert httpx.get(gw.url + path, timeout=30).status_code == 401
+            r = httpx.get(gw.url + path, headers={"authorization": "Bearer k"}, timeout=30)
             assert r.status_code == 200
 
 
@@ -117,7 +119,9 @@ def test_error_bodies_do_not_echo_internal_exceptions(monkeypatch: pytest.Monkey
         assert "gateway's log" in r.json()["error"]["message"]
         monkeypatch.setattr(gw.gateway.store, "calls", broken)
         r = httpx.get(
-            f"{gw.url}/api/sessions/{h.session_id}/calls", headers={"authorization": "Bearer k"}
+            f"{gw.url}/api/sessions/{h.session_id}/calls",
+            headers={"authorization": "Bearer k"},
+            timeout=30,
         )
         assert r.status_code == 500 and "secret" not in r.text
         # The failed attempt itself is recorded with the detail, for whoever reads the store.

@@ -28,7 +28,7 @@ def gateway(tmp_path) -> Iterator[RunningGateway]:  # type: ignore[no-untyped-de
 
 
 def _login(gw: RunningGateway, key: str) -> httpx.Client:
-    client = httpx.Client(base_url=gw.url)
+    client = httpx.Client(base_url=gw.url, timeout=30)
     client.post("/ui/login", data={"key": key})
     return client
 
@@ -44,7 +44,7 @@ def _calls(gw: RunningGateway, n: int) -> str:
 
 
 def test_login_sets_a_signed_cookie_not_the_key(gateway: RunningGateway) -> None:
-    anon = httpx.Client(base_url=gateway.url)
+    anon = httpx.Client(base_url=gateway.url, timeout=30)
     r = anon.get("/ui")
     assert r.status_code == 303 and r.headers["location"] == "/ui/login"
     assert anon.get("/ui/api/stats").status_code == 401
@@ -63,7 +63,7 @@ def test_login_sets_a_signed_cookie_not_the_key(gateway: RunningGateway) -> None
     assert "default-src 'none'" in page.headers["content-security-policy"]
     assert gateway.admin_key not in page.text
     # a forged or stale cookie is refused; logging out clears it
-    forged = httpx.Client(base_url=gateway.url, cookies={COOKIE: "9999999999.deadbeef"})
+    forged = httpx.Client(base_url=gateway.url, cookies={COOKIE: "9999999999.deadbeef"}, timeout=30)
     assert forged.get("/ui/api/stats").status_code == 401
     out = anon.post("/ui/logout")
     assert out.status_code == 303 and anon.get("/ui/api/stats").status_code == 401
@@ -94,7 +94,11 @@ def test_stats_follow_the_traffic(gateway: RunningGateway) -> None:
     s = ui.get("/ui/api/stats").json()
     assert s["paused"] is True and s["policy_version"] == "v7"
     # refusals are counted by kind
-    httpx.post(gateway.url + "/s/forged/v1/chat/completions", json={"model": "p", "messages": []})
+    httpx.post(
+        gateway.url + "/s/forged/v1/chat/completions",
+        json={"model": "p", "messages": []},
+        timeout=30,
+    )
     s = ui.get("/ui/api/stats").json()
     assert s["errors"].get("unauthorized", 0) >= 1 and 0 < s["error_rate"] < 1
 
@@ -102,7 +106,7 @@ def test_stats_follow_the_traffic(gateway: RunningGateway) -> None:
 def test_session_page_is_the_trajectory_view(gateway: RunningGateway) -> None:
     assert gateway.admin_key is not None
     sid = _calls(gateway, 2)
-    anon = httpx.Client(base_url=gateway.url)
+    anon = httpx.Client(base_url=gateway.url, timeout=30)
     assert anon.get(f"/ui/sessions/{sid}").status_code == 303
     ui = _login(gateway, gateway.admin_key)
     page = ui.get(f"/ui/sessions/{sid}")

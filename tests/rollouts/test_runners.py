@@ -191,7 +191,7 @@ class AgentCoreStandIn:
             self.invocations.append(
                 (request.path_params["arn"], request.query_params.get("qualifier", ""), sid)
             )
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             resp = await http.post(
                 f"{self.agent_url}/invocations",
                 content=await request.body(),
@@ -253,7 +253,9 @@ def play(payload):
 """
 
 
-@pytest.mark.timeout(180)
+# Timed without its fixtures: starting Ray (bounded by its own three tries) took over two
+# minutes of the test's budget on a loaded machine.
+@pytest.mark.timeout(300, func_only=True)
 def test_ray_runner_runs_rollouts_as_ray_tasks(stack: Any, ray_session: Path) -> None:
     (ray_session / "crashing_agent.py").write_text(CRASHING_AGENT)  # on the workers' path
     from rollwire.trainer.runners.ray import RayRunner
