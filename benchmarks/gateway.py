@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,9 @@ def messages_body() -> dict[str, Any]:
     }
 
 
+#: The target served from ``--compare-src`` (another checkout's source tree).
+OLD = "rollwire-old"
+
 # Same gateway process, same conversation, the dialect routes: CPU per call next to chat's.
 DIALECTS = {
     "rollwire-responses": ("/responses", responses_body),
@@ -139,6 +143,9 @@ def loadgen_main(spec_path: str) -> None:
     if spec.get("mode") == "rss":
         print(json.dumps(asyncio.run(_rss_load(spec))))
         return
+    if spec.get("mode") == "flat":
+        print(json.dumps(asyncio.run(_flat_load(spec))))
+        return
     out = asyncio.run(
         _load(spec["urls"], spec["body"].encode(), spec["n"], spec["concurrency"], spec["headers"])
     )
@@ -172,16 +179,26 @@ def pct(xs: list[float], q: float) -> float:
 
 
 # ----------------------------------------------------------------------------- targets
+def gateway_module(src: str | None) -> str:
+    """The gateway's CLI module in the source tree ``src`` (None: this checkout); older trees
+    (before the ``cli/`` package) had it at ``rollwire.gateway.cli``."""
+    if src is None or Path(src, "rollwire", "cli", "gateway.py").exists():
+        return "rollwire.cli.gateway"
+    return "rollwire.gateway.cli"
+
+
 def start_rollwire(
-    tmp: Path, backend_url: str, name: str, store: str | None = None
+    tmp: Path, backend_url: str, name: str, store: str | None = None, src: str | None = None
 ) -> tuple[Proc, str, str]:
+    """A gateway process on SQLite (or ``store``); from the source tree ``src`` (a checkout's
+    ``packages/core/src``) when given, else from this one: same interpreter and dependencies."""
     port, key = free_port(), "bench-admin-key"
     proc = Proc(
         name,
         [
             sys.executable,
             "-m",
-            "rollwire.cli.gateway",
+            gateway_module(src),
             "--port",
             str(port),
             "--backend",
@@ -192,6 +209,7 @@ def start_rollwire(
             key,
         ],
         f"http://127.0.0.1:{port}/health",
+        env={"PYTHONPATH": src} if src else None,
     )
     return proc, f"http://127.0.0.1:{port}", key
 
@@ -267,11 +285,14 @@ def compare(
     body: bytes,
 ) -> list[dict[str, Any]]:
     """Alternate the targets round by round at each concurrency level; one row per (target,
-    level). ``urls(c)`` gives ``{target: (urls, headers)}``; "direct" is the baseline."""
+    level). ``urls(c)`` gives ``{target: (urls, headers)}``; "direct" is the baseline. Besides the
+    totals, each row has the median over rounds of CPU per call and of req/s (the numbers to
+    compare on a loaded machine), and the server's RSS after the level."""
     rows = []
     for c in levels:
         stats: dict[str, dict[str, Any]] = {
-            t: {"lat": [], "wall": 0.0, "cpu": 0.0, "n": 0, "errors": 0} for t in targets
+            t: {"lat": [], "wall": 0.0, "cpu": 0.0, "n": 0, "errors": 0, "cpus": [], "rpss": []}
+            for t in targets
         }
         level_urls = urls(c)
         per_round = max(1, requests // rounds)
@@ -283,7 +304,10 @@ def compare(
                     level_urls[t][0], level_urls[t][1], targets[t].get("body", body), per_round, c
                 )
                 st = stats[t]
-                st["cpu"] += cpu_seconds(pid) - cpu0
+                cpu = cpu_seconds(pid) - cpu0
+                st["cpu"] += cpu
+                st["cpus"].append(cpu / max(1, len(res["lat"])) * 1e6)
+                st["rpss"].append(len(res["lat"]) / res["wall"])
                 st["lat"] += res["lat"]
                 st["wall"] += res["wall"]
                 st["n"] += len(res["lat"])
@@ -302,6 +326,10 @@ def compare(
                     "added_p50_ms": (p50 - base50) * 1e3 if t != "direct" else 0.0,
                     "added_p99_ms": (p99 - base99) * 1e3 if t != "direct" else 0.0,
                     "cpu_us": st["cpu"] / max(1, st["n"]) * 1e6,
+                    "cpu_med_us": statistics.median(st["cpus"]),
+                    "rps_med": statistics.median(st["rpss"]),
+                    "rss_mb": rss_mb(targets[t]["pid"]),
+                    "load1": os.getloadavg()[0],
                     "errors": st["errors"],
                 }
             )
@@ -311,13 +339,14 @@ def compare(
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'target':<20}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'+p50 ms':>9}{'+p99 ms':>9}{'CPU us/call':>13}{'errors':>8}"
+        f"{'+p50 ms':>9}{'+p99 ms':>9}{'CPU us/call':>13}{'CPU med':>9}{'RSS MB':>8}{'errors':>8}"
+        f"{'load':>6}"
     )
     for r in rows:
         print(
             f"{r['target']:<20}{r['c']:>5}{r['rps']:>9.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
             f"{r['added_p50_ms']:>9.3f}{r['added_p99_ms']:>9.3f}{r['cpu_us']:>13.0f}"
-            f"{r['errors']:>8}"
+            f"{r['cpu_med_us']:>9.0f}{r['rss_mb']:>8.0f}{r['errors']:>8}{r['load1']:>6.1f}"
         )
 
 
@@ -345,11 +374,14 @@ def start_redis(procs: list[Proc]) -> str | None:
     return server.url
 
 
-def start_null(procs: list[Proc]) -> str:
+def start_null(procs: list[Proc], fixed: bool = True) -> str:
+    """The null backend: a fixed vLLM-shaped answer, or (``fixed=False``) prompt ids that follow
+    the messages, so a growing conversation has a growing prompt."""
     nport = free_port()
     null = Proc(
-        "null",
-        [sys.executable, "-m", "rollwire.testing.null_backend", "--fixed", "--port", str(nport)],
+        "null" if fixed else "echo",
+        [sys.executable, "-m", "rollwire.testing.null_backend", "--port", str(nport)]
+        + (["--fixed"] if fixed else []),
         f"http://127.0.0.1:{nport}/health",
     )
     procs.append(null)
@@ -519,18 +551,167 @@ def rss_phase(
     return {"rss0": rss0, "rss1": rss1, "calls": res["sent"], "captured": captured, "sent": sent}
 
 
+# ----------------------------------------------------------------------------- RSS, phase by phase
+FLAT_MB = 10  # RSS growth allowed from the 10% point to the end of a --flat-calls shape
+
+#: The traffic shapes of the benchmark's phases, each driven through a fresh gateway while its RSS
+#: is sampled: long-lived sessions (the main phase: sessions never completed, here 64 of them
+#: at concurrency 64) on each route; sessions of 20 calls completed as they end (the RSS phase);
+#: sessions of 40 turns whose context grows every turn, then completed (the storage phase).
+FLAT_SHAPES = {
+    "chat-long": ("long", "/chat/completions", request_body),
+    "responses-long": ("long", "/responses", responses_body),
+    "messages-long": ("long", "/messages", messages_body),
+    "chat-20-call": ("short", "/chat/completions", request_body),
+    "chat-growing-40-turn": ("growing", "/chat/completions", request_body),
+}
+
+
+async def _flat_load(spec: dict[str, Any]) -> dict[str, Any]:
+    """``calls`` calls of one shape at ``concurrency``; the gateway's RSS sampled as they go."""
+    import aiohttp
+
+    total, conc, pid = spec["calls"], spec["concurrency"], spec["pid"]
+    body = spec["body"].encode()
+    hdr = {"content-type": "application/json"}
+    admin = {"authorization": f"Bearer {spec['key']}", "content-type": "application/json"}
+    state = {"done": 0, "errors": 0}
+    samples: list[tuple[int, float]] = []
+    todo = iter(range(total))
+
+    async def sample() -> None:
+        while True:
+            samples.append((state["done"], rss_mb(pid)))
+            await asyncio.sleep(0.25)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def post(url: str, data: bytes, headers: dict[str, str]) -> Any:
+            async with http.post(url, data=data, headers=headers) as r:
+                out = await r.read()
+                ok = 200 <= r.status < 300
+                state["errors"] += not ok
+                return json.loads(out) if ok else None
+
+        async def session() -> dict[str, Any]:
+            return dict(await post(spec["api"] + "/api/sessions", b'{"group_id": "flat"}', admin))
+
+        async def complete(h: dict[str, Any]) -> None:
+            auth = {"authorization": f"Bearer {h['token']}", "content-type": "application/json"}
+            await post(h["complete_url"], b'{"reward": 1.0}', auth)
+
+        async def long(w: int) -> None:
+            url = spec["urls"][w % len(spec["urls"])]
+            for _ in todo:
+                await post(url, body, hdr)
+                state["done"] += 1
+
+        async def short(w: int) -> None:
+            while True:
+                h = await session()
+                for _ in range(20):
+                    if next(todo, None) is None:
+                        return await complete(h)
+                    await post(h["base_url"] + spec["route"], body, hdr)
+                    state["done"] += 1
+                await complete(h)
+
+        async def growing(w: int) -> None:
+            base = json.loads(body)
+            while True:
+                h = await session()
+                messages = [{"role": "system", "content": "You are a helpful agent. " * 8}]
+                for turn in range(40):
+                    if next(todo, None) is None:
+                        return await complete(h)
+                    messages.append({"role": "user", "content": f"turn {turn}: " + "obs " * 48})
+                    req = _compact_json({**base, "messages": messages})
+                    out = await post(h["base_url"] + spec["route"], req, hdr)
+                    state["done"] += 1
+                    reply = out["choices"][0]["message"]["content"] if out else ""
+                    messages.append({"role": "assistant", "content": reply})
+                await complete(h)
+
+        worker = {"long": long, "short": short, "growing": growing}[spec["shape"]]
+        sampler = asyncio.ensure_future(sample())
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(conc)))
+        wall = time.perf_counter() - t0
+        sampler.cancel()
+    samples.append((state["done"], rss_mb(pid)))
+    return {"samples": samples, "sent": state["done"], "errors": state["errors"], "wall": wall}
+
+
+def _compact_json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def flat_phase(args: argparse.Namespace, tmp: Path, procs: list[Proc]) -> list[dict[str, Any]]:
+    """Each shape of :data:`FLAT_SHAPES` through its own fresh gateway for ``--flat-calls``
+    calls: RSS once the first 10% are done (caches warm) and at the end."""
+    null_url, echo_url = start_null(procs), start_null(procs, fixed=False)
+    out = []
+    names = args.flat_shapes.split(",") if args.flat_shapes else list(FLAT_SHAPES)
+    for name in names:
+        shape, route, make_body = FLAT_SHAPES[name]
+        backend = echo_url if shape == "growing" else null_url
+        rw, rw_url, key = start_rollwire(tmp, backend, f"rollwire-flat-{name}")
+        try:
+            urls = rollwire_sessions(rw_url, key, 64, "flat", route) if shape == "long" else []
+            spec = {
+                "mode": "flat",
+                "shape": shape,
+                "route": route,
+                "urls": urls,
+                "api": rw_url,
+                "key": key,
+                "body": json.dumps(make_body()),
+                "calls": args.flat_calls,
+                "concurrency": 64,
+                "pid": rw.pid,
+            }
+            cpu0 = cpu_seconds(rw.pid)
+            load0 = os.getloadavg()[0]
+            res = _spawn_loadgen(spec)
+            cpu = cpu_seconds(rw.pid) - cpu0
+            samples = res["samples"]
+            warm = next(r for d, r in samples if d >= args.flat_calls // 10)
+            row = {
+                "shape": name,
+                "calls": res["sent"],
+                "errors": res["errors"],
+                "rps": res["sent"] / res["wall"],
+                "cpu_us": cpu / max(1, res["sent"]) * 1e6,
+                "rss_start": samples[0][1],
+                "rss_warm": warm,
+                "rss_peak": max(r for _, r in samples),
+                "rss_end": samples[-1][1],
+                "load": (load0, os.getloadavg()[0]),
+            }
+            out.append(row)
+            print(
+                f"flat {name:<22} {row['calls']} calls ({row['rps']:.0f}/s, {row['cpu_us']:.0f} us "
+                f"CPU/call, errors {row['errors']}): RSS {row['rss_start']:.0f} -> "
+                f"{row['rss_warm']:.0f} MB at 10% -> {row['rss_end']:.0f} MB at the end "
+                f"(peak {row['rss_peak']:.0f}); load {load0:.1f} -> {row['load'][1]:.1f}",
+                flush=True,
+            )
+        finally:
+            rw.stop()
+    return out
+
+
 def _spawn_loadgen(spec: dict[str, Any]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     try:
         res = subprocess.run(
-            [sys.executable, __file__, "--loadgen", f.name],
-            capture_output=True,
-            text=True,
-            check=True,
+            [sys.executable, __file__, "--loadgen", f.name], capture_output=True, text=True
         )
     finally:
         os.unlink(f.name)
+    if res.returncode != 0:
+        raise RuntimeError(f"the load generator failed: {res.stderr[-3000:]}")
     return dict(json.loads(res.stdout))
 
 
@@ -541,8 +722,9 @@ def targets_block(
     rllm: bool,
     big: dict[str, Any] | None,
     rss: dict[str, Any] | None,
+    flat: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Met / not met for each target of issue 4, with the measured value."""
+    """Met / not met for each target (issues 4 and 22), with the measured value."""
     out: list[tuple[str, str, str]] = []
 
     def row(rows: list[dict[str, Any]] | None, target: str, c: int) -> dict[str, Any] | None:
@@ -565,14 +747,27 @@ def targets_block(
         add("added p50 <= 1 ms at concurrency 1", None, "run without --big-db-gb/--rss-calls")
     r64, l64 = row(main_rows, "rollwire", 64), row(main_rows, "rllm-model-gateway", 64)
     if r64 is not None and l64 is not None:
-        ratio = r64["rps"] / l64["rps"]
+        ratio = r64["rps_med"] / l64["rps_med"]
         add(
-            "throughput at 64 >= 10x rllm-model-gateway",
-            ratio >= 10,
-            f"{r64['rps']:.0f} vs {l64['rps']:.0f} req/s = {ratio:.1f}x",
+            "throughput at 64 >= 20x rllm-model-gateway (medians over rounds)",
+            ratio >= 20,
+            f"{r64['rps_med']:.0f} vs {l64['rps_med']:.0f} req/s = {ratio:.1f}x",
         )
     else:
-        add("throughput at 64 >= 10x rllm-model-gateway", None, "needs the main run with rllm")
+        add("throughput at 64 >= 20x rllm-model-gateway", None, "needs the main run with rllm")
+    for c in sorted({r["c"] for r in main_rows or ()}):
+        new, old = row(main_rows, "rollwire", c), row(main_rows, OLD, c)
+        limit = 1.0 if c == 1 else 0.85
+        name = f"CPU/call at {c} <= {limit:.2f}x {OLD} (medians over rounds)"
+        if new is None or old is None:
+            add(name, None, "needs --compare-src")
+            continue
+        ratio = new["cpu_med_us"] / old["cpu_med_us"]
+        add(
+            name,
+            ratio <= limit,
+            f"{new['cpu_med_us']:.0f} vs {old['cpu_med_us']:.0f} us = {ratio:.2f}x",
+        )
     hi = [r for r in main_rows or () if r["target"] == "rollwire" and r["c"] >= 16]
     if hi:
         worst = max(r["cpu_us"] for r in hi)
@@ -638,12 +833,21 @@ def targets_block(
         )
     else:
         add("gateway RSS < 150 MB after 100k calls", None, "use --rss-calls 100000")
-    print("\ntargets (issue 4):")
+    for f in flat or ():
+        growth = f["rss_end"] - f["rss_warm"]
+        add(
+            f"RSS flat over {f['calls']} calls, {f['shape']} (end <= 10% point + {FLAT_MB} MB)",
+            growth <= FLAT_MB and f["errors"] == 0,
+            f"{f['rss_warm']:.0f} -> {f['rss_end']:.0f} MB ({growth:+.0f}), errors {f['errors']}",
+        )
+    if flat is None:
+        add("RSS of every phase flat over >= 50k calls", None, "use --flat-calls 50000")
+    print("\ntargets (issues 4 and 22):")
     width = max(len(n) for n, _, _ in out)
     for name, verdict, value in out:
         print(f"  {name:<{width}}  {verdict:<13} {value}")
     if not rllm:
-        print("  (rllm-model-gateway not run: the 10x throughput target needs it)")
+        print("  (rllm-model-gateway not run: the 20x throughput target needs it)")
 
 
 # ----------------------------------------------------------------------------- main
@@ -680,6 +884,21 @@ def main() -> None:
         "--vllm-python, direct vs through the gateway only (see benchmarks/_vllm.py)",
     )
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument(
+        "--flat-calls",
+        type=int,
+        default=0,
+        help="drive this many calls through a fresh gateway for each traffic shape of the "
+        "benchmark's phases (long-lived sessions on each route, 20-call sessions, 40-turn "
+        "sessions with growing context) and check that its RSS stays flat after the first 10%%",
+    )
+    ap.add_argument("--flat-shapes", help="comma-separated subset of the --flat-calls shapes")
+    ap.add_argument(
+        "--compare-src",
+        help="also serve the rollwire gateway from this source tree (another checkout's "
+        "packages/core/src, e.g. an older commit's) as target rollwire-old, run right before "
+        "rollwire in every round; CPU per call compared by the median over rounds",
+    )
     ap.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.loadgen:
@@ -697,7 +916,7 @@ def main() -> None:
                     p.stop()
         return
     levels = [int(x) for x in args.concurrency.split(",")]
-    run_main = args.main or not (args.big_db_gb or args.rss_calls)
+    run_main = args.main or not (args.big_db_gb or args.rss_calls or args.flat_calls)
     tmpdir = tempfile.TemporaryDirectory(prefix="rollwire-bench-")
     tmp = Path(tmpdir.name)
     procs: list[Proc] = []
@@ -709,6 +928,8 @@ def main() -> None:
     rows: list[dict[str, Any]] | None = None
     lost: tuple[int, int] | None = None
     big = rss = None
+    flat: list[dict[str, Any]] | None = None
+    print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     rllm_py = None
     try:
         if run_main:
@@ -718,13 +939,16 @@ def main() -> None:
             big = big_db_phase(args, tmp, procs, body)
         if args.rss_calls:
             rss = rss_phase(args, tmp, procs, body)
+        if args.flat_calls:
+            flat = flat_phase(args, tmp, procs)
         if run_main:
             storage(tmp, rllm_py, args.turns, procs)
     finally:
         for p in reversed(procs):
             p.stop()
         tmpdir.cleanup()
-    targets_block(rows, lost, rllm_py is not None, big, rss)
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    targets_block(rows, lost, rllm_py is not None, big, rss, flat)
 
 
 def main_phase(
@@ -739,10 +963,13 @@ def main_phase(
     null = procs[-1]
     rw, rw_url, key = start_rollwire(tmp, null_url, "rollwire")
     procs.append(rw)
-    targets: dict[str, dict[str, Any]] = {
-        "direct": {"pid": null.pid, "sent": 0},
-        "rollwire": {"pid": rw.pid, "sent": 0, "rss0": rss_mb(rw.pid)},
-    }
+    targets: dict[str, dict[str, Any]] = {"direct": {"pid": null.pid, "sent": 0}}
+    if args.compare_src:
+        # Right before "rollwire" in every round: old, new, old, new ... on the same backend.
+        old, old_url, _ = start_rollwire(tmp, null_url, OLD, src=args.compare_src)
+        procs.append(old)
+        targets[OLD] = {"pid": old.pid, "sent": 0, "rss0": rss_mb(old.pid), "url": old_url}
+    targets["rollwire"] = {"pid": rw.pid, "sent": 0, "rss0": rss_mb(rw.pid)}
     for name, (_, make_body) in DIALECTS.items():
         targets[name] = {"pid": rw.pid, "sent": 0, "body": json.dumps(make_body()).encode()}
     redis_url = start_redis(procs) if not args.skip_redis else None
@@ -771,6 +998,8 @@ def main_phase(
             "direct": ([null_url + "/v1/chat/completions"], hdr),
             "rollwire": (rollwire_sessions(rw_url, key, c), hdr),
         }
+        if OLD in targets:
+            out[OLD] = (rollwire_sessions(targets[OLD]["url"], key, c), hdr)
         for name, (route, _) in DIALECTS.items():
             out[name] = (rollwire_sessions(rw_url, key, c, "bench-" + name, route), hdr)
         if "rollwire-redis" in targets:
@@ -791,10 +1020,11 @@ def main_phase(
     time.sleep(1.0)
     targets["rollwire"]["captured"] = captured_calls(rw_url, key, "bench")
     targets["rollwire"]["rss1"] = rss_mb(rw.pid)
-    if "rollwire-redis" in targets:
-        d = targets["rollwire-redis"]
-        d["captured"] = captured_calls(d["url"], key, "bench")
-        d["rss1"] = rss_mb(d["pid"])
+    for name in ("rollwire-redis", OLD):
+        if name in targets:
+            d = targets[name]
+            d["captured"] = captured_calls(d["url"], key, "bench")
+            d["rss1"] = rss_mb(d["pid"])
     if "rllm-model-gateway" in targets:
         base = targets["rllm-model-gateway"]["url"]
         http_json("POST", base + "/admin/flush", {})
@@ -804,7 +1034,7 @@ def main_phase(
     print()
     print_rows(rows)
     print()
-    for t in ("rollwire", "rollwire-redis", "rllm-model-gateway"):
+    for t in ("rollwire", OLD, "rollwire-redis", "rllm-model-gateway"):
         if t in targets:
             d = targets[t]
             print(

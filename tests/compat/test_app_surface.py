@@ -20,67 +20,64 @@ from rollwire.agent.serving import ServerThread
 from rollwire.testing.recording import CompleteRecorder
 
 
-def _ping_times(url: str, until: threading.Event, started: threading.Event) -> list[float]:
-    started.wait(10)
-    times: list[float] = []
-    with httpx.Client(timeout=10) as http:
-        while not until.is_set():
-            t0 = time.perf_counter()
-            assert http.get(f"{url}/ping").status_code == 200
-            times.append(time.perf_counter() - t0)
-            time.sleep(0.05)
-    return times
-
-
-def test_ping_answers_fast_while_an_async_handler_blocks_for_4s() -> None:
+def test_ping_answers_while_an_async_handler_blocks_its_loop() -> None:
     app = RolloutApp()
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     @app.entrypoint
     async def handler(payload: dict[str, Any]) -> dict[str, Any]:
         started.set()
-        time.sleep(4)  # blocks the loop it runs on: that must not be the server's
+        release.wait(60)  # blocks the loop it runs on: that must not be the server's
         return {"done": True}
 
     with ServerThread(app) as server:
-        done = threading.Event()
         answers: list[httpx.Response] = []
-
-        def invoke() -> None:
-            answers.append(httpx.post(f"{server.url}/invocations", json={"q": 1}, timeout=30))
-            done.set()
-
-        caller = threading.Thread(target=invoke)
+        caller = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(f"{server.url}/invocations", json={"q": 1}, timeout=90)
+            )
+        )
         caller.start()
-        times = _ping_times(server.url, done, started)
-        caller.join()
+        times: list[float] = []
+        try:
+            assert started.wait(60)
+            with httpx.Client(timeout=30) as http:
+                for _ in range(20):
+                    t0 = time.perf_counter()
+                    assert http.get(f"{server.url}/ping").status_code == 200
+                    times.append(time.perf_counter() - t0)
+        finally:
+            release.set()
+            caller.join(90)
     assert answers[0].json() == {"done": True}
-    assert len(times) >= 20, times  # pinged all through the 4 s
-    # Every ping is one loop turn of the server; on a loaded CI machine the OS may still
-    # deschedule it now and then, so 95% must be under 50 ms and none may wait for the handler
-    # (a ping on the handler's loop would take the whole 4 s).
-    ordered = sorted(times)
-    p95 = ordered[int(0.95 * (len(ordered) - 1))]
-    assert p95 < 0.05, f"95th percentile /ping {p95 * 1000:.1f} ms"
-    assert ordered[-1] < 0.5, f"slowest /ping {ordered[-1] * 1000:.1f} ms"
+    # Every ping was answered while the handler held its loop (one on that loop would wait for
+    # the release and time out); the median, with room for a loaded machine, says promptly.
+    assert sorted(times)[len(times) // 2] < 0.25, times
 
 
 def test_rollouts_of_async_handlers_run_off_the_server_loop(recorder: CompleteRecorder) -> None:
     app = RolloutApp()
     threads: list[str] = []
+    started, release = threading.Event(), threading.Event()
 
     @app.rollout_entrypoint
     async def handler(payload: dict[str, Any]) -> float:
         threads.append(threading.current_thread().name)
-        time.sleep(1.0)
+        started.set()
+        release.wait(60)  # blocks the loop it runs on until the ping below has answered
         return 0.5
 
     with ServerThread(app) as server:
-        with httpx.Client(timeout=10) as http:
-            http.post(f"{server.url}/invocations", json=recorder.payload("w1"))
-            t0 = time.perf_counter()
-            status = http.get(f"{server.url}/ping").json()["status"]
-            assert time.perf_counter() - t0 < 0.05 and status == "HealthyBusy"
+        try:
+            with httpx.Client(timeout=30) as http:
+                http.post(f"{server.url}/invocations", json=recorder.payload("w1"))
+                assert started.wait(60)
+                # Answered while the handler still blocks its loop: a ping on that loop would
+                # wait for the release and time out.
+                status = http.get(f"{server.url}/ping").json()["status"]
+                assert status == "HealthyBusy"
+        finally:
+            release.set()
         assert recorder.wait_for("w1")[0]["reward"] == 0.5
     assert threads == ["rollwire-worker-loop"]
 
@@ -101,16 +98,16 @@ def test_ping_is_busy_while_every_handler_thread_is_stuck_past_its_deadline(
         # A deadline long enough for the handler to start on a loaded machine, short enough to
         # pass while it still holds its thread.
         httpx.post(f"{server.url}/invocations", json=recorder.payload("st1", deadline_in=2.0))
-        assert started.wait(10)
+        assert started.wait(60)
         record = recorder.wait_for("st1")[0]
         assert record["status"] == "failed" and "deadline" in record["error"]
-        end = time.monotonic() + 5
+        end = time.monotonic() + 60
         while app.busy and time.monotonic() < end:
             time.sleep(0.01)
         assert not app.busy  # no rollout runs, but the only thread is still held
         assert httpx.get(f"{server.url}/ping").json()["status"] == "HealthyBusy"
         release.set()
-        end = time.monotonic() + 5
+        end = time.monotonic() + 60
         while app.saturated and time.monotonic() < end:
             time.sleep(0.01)
         assert httpx.get(f"{server.url}/ping").json()["status"] == "Healthy"

@@ -51,12 +51,8 @@ FILE_LIMIT = 500  # lines per source file
 BODY_LIMIT = 80  # lines per function body (a typer command's option list is not body)
 #: Units allowed past the limits, and why. Keep this short; a new entry needs a reason.
 OVER_LIMIT: dict[str, str] = {
-    "packages/core/src/rollwire/store/sqlite.py": (
-        "505 lines, about the limit: the SQLite store's queries; its writer and the shared "
-        "codec are already modules of their own"
-    ),
     "packages/core/src/rollwire/store/codec.py": (
-        "501 lines, about the limit: one encoding of calls and sessions shared by both stores"
+        "~530 lines, about the limit: one encoding of calls and sessions shared by both stores"
     ),
     "packages/core/src/rollwire/engine/parsing.py:StreamParser.feed": (
         "one character-level state machine for streamed content / <think> / <tool_call>; its "

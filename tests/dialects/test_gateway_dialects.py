@@ -466,7 +466,7 @@ def test_sdk_retries_are_matched_for_dialects(gateway: RunningGateway, route: st
         }
     with gateway.client() as client:
         h = client.create_session()
-        with httpx.Client() as http:
+        with httpx.Client(timeout=120) as http:  # a busy machine outlasts httpx's 5 s
             assert http.post(h.base_url + route, json=body).status_code == 200
             retry = http.post(
                 h.base_url + route, json=body, headers={"x-stainless-retry-count": "1"}

@@ -33,6 +33,11 @@ async def test_every_async_method(gateway: RunningGateway) -> None:
         assert len(rows) == 1
 
         assert await c.set_policy_version("v9") == "v9"
+        assert await c.set_policy_version("v10", seq=40) == "v10"
+        info = await c.set_trainer_version(41, version="t41")
+        assert (info["lag"], info["trainer_version"], info["policy_seq"]) == (1, "t41", 40)
+        assert (await c.staleness())["trainer_seq"] == 41
+        assert (await c.set_trainer_version(None))["lag"] == 0
         assert (await c.pause())["paused"] is True
         assert (await c.pause_status())["paused"] is True
         assert (await c.resume())["paused"] is False

@@ -288,7 +288,7 @@ class _RenamedBackend(NullBackend):
         await super().__call__(scope, receive, send)  # type: ignore[arg-type]
 
 
-def _wait_for(cond: object, timeout: float = 5.0) -> None:
+def _wait_for(cond: object, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met in time"

@@ -3,7 +3,8 @@
 vLLM and SGLang put routed experts on a whole response only, never on stream chunks, so a streamed
 call was captured without routing. A session created with ``routed_experts=True`` has such a call
 asked non-streamed and re-streamed to the agent; one that still comes back without routing is
-flagged ``routed_experts_missing`` and counted in ``/metrics``.
+flagged ``routed_experts_missing`` and counted in ``/metrics``. Since issue 25.6 the same holds by
+default once the backend has returned routing (``routed_experts=False`` opts out).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from rollwire.cli.summary import routing_notes, summarize
 from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.gateway import RunningGateway, serve_in_thread
 
@@ -62,17 +64,36 @@ def test_streamed_call_carries_routing_when_the_session_wants_it(
         assert "routed_experts" not in chunks[-2].choices[0].model_dump()
 
 
-def test_without_the_session_option_a_stream_has_no_routing(
-    moe: tuple[EmbeddedEngine, RunningGateway],
-) -> None:
-    _, gw = moe
-    with gw.client() as c:
+def test_a_stream_carries_routing_by_default_once_the_backend_has_returned_it() -> None:
+    # issue 25.6: a streaming agent on an MoE backend trains with routing without asking for it
+    cfg = EngineConfig(scripted=_script, return_routed_experts=True, default_max_tokens=32)
+    engine = EmbeddedEngine(cfg)
+    with engine as eng, serve_in_thread(backends=[(eng.url, "vllm")]) as gw, gw.client() as c:
+        assert [b["returns_routing"] for b in c.backends()] == [False]
         h = c.create_session()
         oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
-        _stream_text(oai)
-        (call,) = c.calls(h.session_id)
-        assert call.stream and call.routed_experts is None  # what vLLM's chunks give
-        assert "routed_experts_missing" not in call.flags
+        _stream_text(oai)  # the gateway has not seen this backend return routing yet
+        oai.chat.completions.create(model="policy", messages=MSGS)  # a whole answer has it
+        assert [b["returns_routing"] for b in c.backends()] == [True]
+        text, chunks = _stream_text(oai, stream_options={"include_usage": True})
+        assert text == "Hello there, friend." and chunks[-1].usage is not None
+        assert "routed_experts" not in chunks[-2].choices[0].model_dump()
+        before, whole, streamed = c.calls(h.session_id)
+        assert before.stream and before.routed_experts is None
+        assert "routed_experts_missing" not in before.flags
+        assert whole.routed_experts is not None
+        assert streamed.stream and streamed.routed_experts is not None and streamed.trainable
+        # a session can still opt out: its stream is relayed as it comes, without routing
+        out = c.create_session(routed_experts=False)
+        _stream_text(openai.OpenAI(base_url=out.base_url, api_key="x", max_retries=0))
+        (plain,) = c.calls(out.session_id)
+        assert plain.stream and plain.routed_experts is None
+        assert "routed_experts_missing" not in plain.flags
+        # the run's summary says which MoE backend's calls carry none
+        s = summarize([c.rollout(h.session_id), c.rollout(out.session_id)], [], 0.0)
+        assert s["routed_calls"] == 2 and s["routing_gaps"] == {"b0": [2, 4]}
+        (note,) = routing_notes(s)
+        assert "backend b0" in note and "2 of its 4 calls carry none" in note
 
 
 def test_a_call_without_routing_is_flagged_and_counted() -> None:
@@ -85,6 +106,9 @@ def test_a_call_without_routing_is_flagged_and_counted() -> None:
             oai.chat.completions.create(model="policy", messages=MSGS)
             calls = c.calls(h.session_id)
             assert [("routed_experts_missing" in call.flags) for call in calls] == [True, True]
+            # a server that returns no routing to a session that asks: the summary says so
+            s = summarize([c.rollout(h.session_id)], [], 0.0)
+            assert s["routing_gaps"] == {"b0": [2, 2]}
             with pytest.raises(Exception, match="routed_experts must be true or false"):
                 c.create_session(routed_experts="yes")
         metrics = httpx.get(gw.url + "/metrics").text

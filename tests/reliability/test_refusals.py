@@ -210,16 +210,25 @@ def test_abandoned_sessions_time_out_and_are_counted() -> None:
         ServerThread(NullBackend()) as b,
         serve_in_thread(backends=[(b.url, "vllm")], admin_key=KEY, sweep_interval=0.05) as g,
     ):
-        s = httpx.post(g.url + "/api/sessions", json={"ttl": 1.0}, headers=ADMIN).json()
-        assert httpx.post(s["base_url"] + "/chat/completions", json=MSG).status_code == 200
-        deadline = time.monotonic() + 10
+        s = httpx.post(
+            g.url + "/api/sessions", json={"ttl": 600.0}, headers=ADMIN, timeout=30
+        ).json()
+        assert (
+            httpx.post(s["base_url"] + "/chat/completions", json=MSG, timeout=30).status_code == 200
+        )
+        # The TTL runs out now, after the call, not on the machine's clock: a short TTL can
+        # pass before the first call on a busy machine.
+        g.gateway.sessions[s["session_id"]].record.expires_at = time.time() - 1
+        deadline = time.monotonic() + 60  # bounds a hang; the sweep ends the wait
         status = "running"
         while status == "running" and time.monotonic() < deadline:
             time.sleep(0.05)  # the sweep runs on its own clock
             # A list does not time sessions out itself (a GET of the session would).
-            info = httpx.get(g.url + "/api/sessions?status=timeout", headers=ADMIN).json()
+            info = httpx.get(
+                g.url + "/api/sessions?status=timeout", headers=ADMIN, timeout=30
+            ).json()
             status = "timeout" if info["sessions"] else "running"
         assert status == "timeout"
         assert not g.gateway.sessions  # gone from memory
-        metrics = httpx.get(g.url + "/metrics").text
+        metrics = httpx.get(g.url + "/metrics", timeout=30).text
         assert "rollwire_sessions_expired_total 1" in metrics

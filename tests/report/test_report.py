@@ -202,3 +202,16 @@ def test_many_rollouts_are_chunked() -> None:
     assert page.count('id="rw-chunk-') == math.ceil(len(rollouts) / CHUNK) >= 3
     assert [p["id"] for p in payloads] == [r["id"] for g in index["groups"] for r in g["rollouts"]]
     assert len(batch) == 2
+
+
+def test_stale_calls_are_counted_in_the_summary() -> None:
+    batch = chat_batch()
+    call = batch[0].rollouts[0].calls[-1]
+    call.trainable, call.off_policy, call.flags = False, True, ["stale"]
+    s = build_report(batch, tokenizer=CHAR_TOKENIZER).summary.as_dict()
+    assert s["stale_calls"] == 1 and s["flags"] == {"logit_bias": 1, "stale": 1}
+    from rollwire.cli.summary import summarize, summary_lines
+
+    lines = dict(summary_lines(summarize(batch, [], 1.0)))
+    assert lines["stale calls (not trained)"] == "1"
+    assert "MoE calls without routing" not in lines

@@ -19,35 +19,35 @@ from rollwire.testing.recording import CompleteRecorder
 
 def _invoke(url: str, payload: dict[str, Any], session: str = "s" * 40) -> httpx.Response:
     return httpx.post(
-        f"{url}/invocations", json=payload, headers={SESSION_HEADER: session}, timeout=10
+        f"{url}/invocations", json=payload, headers={SESSION_HEADER: session}, timeout=30
     )
 
 
 def test_ping_is_busy_while_a_rollout_runs_and_reports_in_background(
     recorder: CompleteRecorder,
 ) -> None:
-    release = threading.Event()
+    release, returned = threading.Event(), threading.Event()
     app = RolloutApp()
 
     @app.rollout_entrypoint
     def handler(payload: dict[str, Any]) -> dict[str, Any]:
-        release.wait(10)
+        release.wait(60)
+        returned.set()
         return {"reward": 0.75, "metrics": {"turns": 3, "note": "dropped"}}
 
     with ServerThread(app) as server:
         ping = httpx.get(f"{server.url}/ping").json()
         assert ping["status"] == "Healthy" and isinstance(ping["time_of_last_update"], int)
-        t0 = time.monotonic()
         resp = _invoke(server.url, recorder.payload("s1", prompt="hi"))
         assert resp.status_code == 200
         assert resp.json() == {"status": "accepted", "session_id": "s1"}
-        assert time.monotonic() - t0 < 2  # answered at once, the handler is still blocked
+        assert not returned.is_set()  # answered at once: the handler waits for the release
         assert httpx.get(f"{server.url}/ping").json()["status"] == "HealthyBusy"
         release.set()
         records = recorder.wait_for("s1")
         assert records == [{"status": "completed", "reward": 0.75, "metrics": {"turns": 3.0}}]
         assert recorder.auth["s1"] == "Bearer tok-s1"
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while app.busy and time.monotonic() < deadline:
             time.sleep(0.01)
         assert httpx.get(f"{server.url}/ping").json()["status"] == "Healthy"
@@ -135,7 +135,7 @@ def test_shutdown_mid_rollout_posts_cancelled_for_each_running_rollout(
     try:
         for sid in ("c1", "c2", "c3"):
             assert _invoke(server.url, recorder.payload(sid)).status_code == 200
-        assert started.wait(5)
+        assert started.wait(60)
         assert app.running == 3
     finally:
         server.stop()  # lifespan shutdown: cancel, report, then exit
@@ -243,9 +243,7 @@ def test_the_record_is_retried_until_the_deadline_not_just_post_retries_times() 
     app.rollout_entrypoint(lambda payload: 0.25)
     with rec.server, ServerThread(app) as server:
         _invoke(server.url, rec.payload("late", deadline_in=30))
-        assert rec.wait_for("late", timeout=15) == [
-            {"status": "completed", "reward": 0.25, "metrics": {}}
-        ]
+        assert rec.wait_for("late") == [{"status": "completed", "reward": 0.25, "metrics": {}}]
 
 
 class _HangingGateway:
@@ -376,7 +374,7 @@ def test_a_second_invocation_after_the_session_finished_is_not_run_again(
         p = recorder.payload("once")
         assert _invoke(server.url, p).json()["status"] == "accepted"
         recorder.wait_for("once")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while app.busy and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _invoke(server.url, p).json() == {"status": "accepted", "session_id": "once"}

@@ -79,8 +79,9 @@ class VLLMServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self.started_in_s = 0.0
 
-    def start(self, timeout: float = 240.0) -> VLLMServer:
-        """Start and wait until ``/health`` answers 200 (fails early if the process exits)."""
+    def start(self, timeout: float = 600.0) -> VLLMServer:
+        """Start and wait until ``/health`` answers 200 (fails early if the process exits).
+        Tens of seconds on an idle machine; minutes when the two cores are busy."""
         t0 = time.monotonic()
         with self.log.open("wb") as out:
             self._proc = subprocess.Popen(

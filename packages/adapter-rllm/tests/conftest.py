@@ -69,6 +69,7 @@ class Step(BaseModel):
     metadata: dict[str, Any] | None = None
     reward: float = 0.0
     done: bool = False
+    mc_return: float = 0.0
     advantage: list[float] | float | None = None
     weight_version: int | None = None
 

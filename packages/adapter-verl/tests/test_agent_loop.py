@@ -429,9 +429,9 @@ async def test_run_classifies_forks_with_verls_tokenizer(monkeypatch: pytest.Mon
     seen: list[Any] = []
 
     class Recording(TrajectoryBuilder):
-        def __init__(self, mode: Any = "merge", tokenizer: Any = None) -> None:
+        def __init__(self, mode: Any = "merge", tokenizer: Any = None, credit: Any = None) -> None:
             seen.append(tokenizer)
-            super().__init__(mode, tokenizer)
+            super().__init__(mode, tokenizer, credit)
 
     monkeypatch.setattr(al, "TrajectoryBuilder", Recording)
     tok = _tokenizer()

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rollwire.data.credit import CreditSpec, as_credit
 from rollwire.data.protocol import Group, ModelCall, Rollout, Row, group_rollouts
 from rollwire.data.trajectory import SUPERSEDED_FLAG, BuildMode, TokenizerLike, TrajectoryBuilder
 from rollwire_rllm.routing import (
@@ -24,6 +25,7 @@ from rollwire_rllm.routing import (
     decode_routing_matrix,
     routing_matrices,
 )
+from rollwire_rllm.versions import spans_from_info, step_credit_fields, step_version, version_info
 
 __all__ = [
     "decode_routing_matrix",
@@ -75,16 +77,6 @@ def _is_correct(rollout: Rollout, reward: float) -> bool:
     return reward > 0
 
 
-def _weight_version(version: str | None) -> int | None:
-    # rLLM types weight_version as int; rollwire's policy versions are strings ("7", "step-7")
-    if version is None:
-        return None
-    try:
-        return int(version)
-    except ValueError:
-        return None
-
-
 def _response_message(call: ModelCall, tokenizer: TokenizerLike | None) -> dict[str, Any]:
     choices = call.response.get("choices") if isinstance(call.response, dict) else None
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -107,6 +99,7 @@ def _step_dict(
     reward: float,
     tokenizer: TokenizerLike | None,
     routing_format: RoutingFormat = "verl",
+    credit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     request_messages = call.request.get("messages")
     messages = list(request_messages) if isinstance(request_messages, list) else []
@@ -119,7 +112,7 @@ def _step_dict(
     completion_ids = call.completion_ids.tolist()
     logprobs = call.logprobs.astype(np.float64).tolist()
     matrices = routing_matrices(call, routing_format)
-    version = _weight_version(call.policy_version)
+    version = step_version(call)
     row = row_of_call.get(call.call_id)
     model_output = {
         "text": content,
@@ -160,6 +153,7 @@ def _step_dict(
                 "backend": call.backend,
                 "retry_of": call.retry_of,
                 "policy_version": call.policy_version,
+                "weight_versions": version_info(call),
                 "row_index": row.row_index if row is not None else None,
                 "fork": (
                     row.fork.model_dump(mode="json")
@@ -173,6 +167,7 @@ def _step_dict(
         "mc_return": 0.0,
         "advantage": None,
         "weight_version": version,
+        **(credit or {}),
     }
 
 
@@ -202,6 +197,7 @@ def _episode_info(
             "left_out_calls": left_out,
             "capture": rollout.capture,
             "mode": mode,
+            "weight_versions": rollout.weight_versions(),
         }
     }
 
@@ -218,6 +214,7 @@ def rollout_episode_dict(
     failure_reward: float = 0.0,
     mode: BuildMode = "merge",
     routing_format: RoutingFormat = "verl",
+    step_credit: CreditSpec | None = None,
 ) -> dict[str, Any]:
     """The Episode dict of one rollout: one Trajectory, one Step per trainable captured call.
 
@@ -226,7 +223,8 @@ def rollout_episode_dict(
     non-trainable or off-policy calls (guided decoding, ``logit_bias``, ``n > 1``). Their ids go
     into ``info["rollwire"]["left_out_calls"]``. ``routing_format``: how ``Step.routing_matrices``
     is written (:mod:`rollwire_rllm.routing`; ``"verl"`` for rLLM's verl backend, ``"tinker"``
-    for its Tinker/Fireworks path).
+    for its Tinker/Fireworks path). ``step_credit``: Steps of a rollout with step rewards carry
+    them (:mod:`rollwire_rllm.versions`).
     """
     if routing_format not in ROUTING_FORMATS:
         raise ValueError(f"routing_format must be one of {ROUTING_FORMATS}, got {routing_format!r}")
@@ -235,6 +233,8 @@ def rollout_episode_dict(
     rows = TrajectoryBuilder(mode, tokenizer).build(rollout)
     row_of_call = {cid: row for row in rows for cid in row.call_ids}
     reward = float(rollout.reward) if rollout.reward is not None else float(failure_reward)
+    credit = as_credit(step_credit)
+    fields = step_credit_fields(rollout, credit)
     steps = [
         _step_dict(
             call,
@@ -243,6 +243,7 @@ def rollout_episode_dict(
             reward=reward,
             tokenizer=tokenizer,
             routing_format=routing_format,
+            credit=fields.get(call.call_id) if fields else None,
         )
         for i, call in enumerate(calls)
     ]
@@ -251,6 +252,7 @@ def rollout_episode_dict(
     task = task if task is not None else rollout.task
     info = _episode_info(rollout, group_id=group_id, rows=len(rows), left_out=left_out, mode=mode)
     info[INFO_KEY]["routing_format"] = routing_format
+    info[INFO_KEY]["step_credit"] = credit.mode if credit is not None and fields else None
     trains = rollout.status == "completed"
     info[INFO_KEY]["trainable"] = trains
     return {
@@ -285,12 +287,14 @@ def to_episode_dicts(
     failure_reward: float = 0.0,
     mode: BuildMode = "merge",
     routing_format: RoutingFormat = "verl",
+    step_credit: CreditSpec | None = None,
 ) -> list[dict[str, Any]]:
     """The batch as rLLM Episode dicts, group by group; ``rollout_idx`` is the position in the group.
 
     ``routing_format``: ``"verl"`` (default: ``[header_json, base64_blob]`` per step, what rLLM's
     verl backend reads) or ``"tinker"`` (one entry per completion token); see
-    :mod:`rollwire_rllm.routing`.
+    :mod:`rollwire_rllm.routing`. ``step_credit``: step rewards onto the Steps
+    (:mod:`rollwire_rllm.versions`).
     """
     out: list[dict[str, Any]] = []
     for group in group_rollouts(batch):
@@ -307,6 +311,7 @@ def to_episode_dicts(
                     failure_reward=failure_reward,
                     mode=mode,
                     routing_format=routing_format,
+                    step_credit=step_credit,
                 )
             )
     if not out:
@@ -439,6 +444,8 @@ def episode_rollout(episode: Any) -> Rollout:
                     logprobs=np.asarray(_get(step, "logprobs"), dtype=np.float32),
                     trainable=bool(sinfo.get("trainable", True)),
                     off_policy=bool(sinfo.get("off_policy", False)),
+                    policy_version=sinfo.get("policy_version"),
+                    weight_versions=spans_from_info(sinfo.get("weight_versions")),
                 )
             )
     status = meta.get("status", "completed")

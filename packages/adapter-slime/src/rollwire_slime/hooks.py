@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollwire.data.credit import StepCredit, parse_credit
 from rollwire.data.protocol import CaptureMode, Rollout
 from rollwire.data.trajectory import BuildMode, TrajectoryBuilder
 from rollwire.metrics_sinks.step_logger import metrics_spec
@@ -64,6 +65,8 @@ class HookConfig:
     ``gateway_options`` (JSON) passed to its config. ``metrics``: a metrics sink
     (``tensorboard:DIR``, ``mlflow:URI_OR_DIR``, ``wandb:DIR``) that ``generate_rollout`` logs each
     rollout step's statistics to (at slime's ``rollout_id``); unset, nothing is logged.
+    ``step_credit``: ``broadcast``, ``discounted`` or ``discounted:GAMMA`` makes step rewards the
+    samples' rewards (:mod:`rollwire_slime.versions`); unset, they are not used.
     """
 
     agent: Any = None
@@ -81,6 +84,7 @@ class HookConfig:
     #: slime replays routing (``--use-rollout-routing-replay``): sessions ask for routed experts
     routed_experts: bool = False
     metrics: str | None = None
+    step_credit: StepCredit | None = None
 
     @classmethod
     def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> HookConfig:
@@ -112,6 +116,7 @@ class HookConfig:
             tokenizer_path=getattr(args, "hf_checkpoint", None),
             routed_experts=bool(getattr(args, "use_rollout_routing_replay", False)),
             metrics=metrics_spec(_setting(args, "metrics", env)),
+            step_credit=parse_credit(_setting(args, "step_credit", env)),
         )
 
 
@@ -164,6 +169,7 @@ def rollout_to_sample_dicts(
     routing_shape: RoutingShape | None = None,
     rows: Any = None,
     replay: bool = False,
+    step_credit: StepCredit | None = None,
 ) -> list[dict[str, Any]]:
     """The slime sample dicts for ``rollout``, which ran for the slime ``sample``.
 
@@ -192,6 +198,7 @@ def rollout_to_sample_dicts(
         routing_shape=routing_shape,
         mask_missing_routing=replay,
         rows=rows,
+        step_credit=step_credit,
     )
     for row in out:
         row["prompt"] = _get(sample, "prompt", row["prompt"])
@@ -345,6 +352,7 @@ async def generate(
         native=True,
         routing_shape=args_routing_shape(args),
         replay=bool(getattr(args, "use_rollout_routing_replay", False)),
+        step_credit=cfg.step_credit,
     )
     return [sample_cls.from_dict(d) for d in dicts]
 
@@ -387,7 +395,7 @@ async def collect_groups(
     missing = [i for i, g in enumerate(done_groups) if g is None]
     if missing:
         raise RuntimeError(f"rollwire returned no rollouts for slime groups {missing}")
-    builder = TrajectoryBuilder(cfg.mode)
+    builder = TrajectoryBuilder(cfg.mode, credit=cfg.step_credit)
     built = [[builder.build(r) for r in g or []] for g in done_groups]
     # the routing shape is the batch's: slime stacks one routing tensor per sample
     shape = batch_routing_shape(row for g in built for rows in g for row in rows)
@@ -405,6 +413,7 @@ async def collect_groups(
                     routing_shape=shape,
                     rows=rows,
                     replay=bool(getattr(args, "use_rollout_routing_replay", False)),
+                    step_credit=cfg.step_credit,
                 )
             )
         out.append(flat)

@@ -4,7 +4,8 @@ slime calls ``fn(args, samples) -> (raw_rewards, rewards)`` (``--custom-reward-p
 with the flat list of samples. Its default group normalisation reshapes the rewards to
 ``[-1, n_samples_per_prompt]`` and, when the count is not ``rollout_batch_size × n``, silently falls
 back to one whole-batch group; and a rollout that forked into 3 rows weighs 3× in its group.
-:func:`normalize_rewards` groups by ``group_index`` and counts each ``rollout_id`` once.
+:func:`normalize_rewards` groups by ``group_index`` and counts each ``rollout_id`` once (a sample exported with step credit, whose reward is its own turns' credit,
+counts as its own unit).
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def _group_key(sample: Any, position: int, n_per_prompt: int | None) -> object:
 
 
 def _rollout_key(sample: Any, position: int) -> object:
+    if _rollwire_meta(sample).get("step_credit"):
+        # a sample's reward is its own turn's credit: each sample is a unit of the statistics
+        return ("sample", position)
     rid = _get(sample, "rollout_id")
     if rid is not None:
         return ("rollout_id", rid)

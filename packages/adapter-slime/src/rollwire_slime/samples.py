@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from rollwire.data.credit import CreditSpec, StepCredit, as_credit
 from rollwire.data.protocol import Group, Rollout, Row, group_rollouts
 from rollwire.data.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire_slime.versions import credit_reward, sample_weight_versions, version_metadata
 
 __all__ = [
     "SAMPLE_FIELDS",
@@ -118,16 +120,6 @@ def _prompt(row: Row, rollout: Rollout, tokenizer: TokenizerLike | None) -> Any:
     return messages if isinstance(messages, list) else ""
 
 
-def _weight_versions(row: Row, rollout: Rollout) -> list[str]:
-    by_id = {c.call_id: c for c in rollout.calls}
-    versions = []
-    for cid in row.call_ids:
-        call = by_id.get(cid)
-        if call is not None and call.policy_version is not None:
-            versions.append(str(call.policy_version))
-    return versions
-
-
 #: statuses whose rows slime should train on (``truncated`` is a completed rollout cut by length).
 _TRAINABLE_STATUSES = frozenset({"completed", "truncated"})
 
@@ -191,6 +183,7 @@ def _rollwire_meta(
         "metrics": dict(rollout.metrics),
         "placeholder": False,
         "routing_missing": False,
+        **version_metadata(row, rollout),
     }
 
 
@@ -210,6 +203,7 @@ def _row_sample(
     native: bool = False,
     routing_shape: RoutingShape | None = None,
     mask_missing_routing: bool = False,
+    step_credit: StepCredit | None = None,
 ) -> dict[str, Any]:
     response_length = int(row.input_ids.shape[0] - row.prompt_len)
     status = sample_status(rollout, row)
@@ -228,6 +222,14 @@ def _row_sample(
     meta: dict[str, Any] = dict(metadata or {})
     meta[METADATA_KEY] = _rollwire_meta(row, rollout, num_rows=num_rows, group_id=group_id)
     meta[METADATA_KEY]["routing_missing"] = routing_missing
+    reward = float(rollout.reward) if rollout.reward is not None else float(failure_reward)
+    stepped = credit_reward(row, step_credit)
+    if stepped is not None and trains:
+        meta[METADATA_KEY].update(
+            step_credit=step_credit.mode if step_credit else None,
+            step_advantages=np.where(mask == 1, row.advantages, 0.0).tolist(),  # type: ignore[arg-type]
+        )
+        reward = stepped
     tokens = row.input_ids.tolist()
     return {
         "group_index": group_index,
@@ -245,9 +247,9 @@ def _row_sample(
         ),
         "response_length": response_length,
         "label": _label(task),
-        "reward": float(rollout.reward) if rollout.reward is not None else float(failure_reward),
+        "reward": reward,
         "loss_mask": mask.tolist(),
-        "weight_versions": _weight_versions(row, rollout),
+        "weight_versions": sample_weight_versions(row, rollout),
         "rollout_log_probs": logprobs.tolist(),
         "rollout_top_p_token_ids": None,
         "rollout_top_p_token_offsets": None,
@@ -288,6 +290,7 @@ def rollout_sample_dicts(
     routing_shape: RoutingShape | None = None,
     mask_missing_routing: bool = False,
     pad_token_id: int = 0,
+    step_credit: CreditSpec | None = None,
 ) -> list[dict[str, Any]]:
     """The sample dicts of one rollout, one per row (all rows share ``rollout_id=rollout_index``).
 
@@ -298,10 +301,13 @@ def rollout_sample_dicts(
     routing — rows without it, and the placeholder, then get :func:`dummy_routing` (and such rows
     train nothing with ``mask_missing_routing``, which the hooks set under routing replay).
     ``native``: routed experts as the int32 ndarray a real ``Sample`` holds (for
-    ``Sample.from_dict``) instead of JSON-ready nested lists.
+    ``Sample.from_dict``) instead of JSON-ready nested lists. ``step_credit``: a row with step
+    rewards gets its credit as ``reward`` (:mod:`rollwire_slime.versions`); ``rows`` given must
+    have been built with the same credit.
     """
+    credit = as_credit(step_credit)
     if rows is None:
-        rows = TrajectoryBuilder(mode, tokenizer).build(rollout)
+        rows = TrajectoryBuilder(mode, tokenizer, credit).build(rollout)
     task = task if task is not None else rollout.task
     common: dict[str, Any] = {
         "group_index": group_index,
@@ -321,6 +327,7 @@ def rollout_sample_dicts(
             num_rows=len(rows),
             index=index_start if shared_index else index_start + i,
             tokenizer=tokenizer,
+            step_credit=credit,
             **common,
         )
         for i, row in enumerate(rows)
@@ -362,6 +369,7 @@ def to_sample_dicts(
     mode: BuildMode = "merge",
     failure_reward: float = 0.0,
     pad_token_id: int = 0,
+    step_credit: CreditSpec | None = None,
 ) -> list[list[dict[str, Any]]]:
     """The batch as slime sample dicts: ``[group][sample]``, a forked rollout's rows consecutive.
 
@@ -369,7 +377,8 @@ def to_sample_dicts(
     (shared by its rows), ``index`` the row's position — all unique ints; rollwire's string ids
     are in ``metadata["rollwire"]``. A rollout without a reward (failed) gets ``failure_reward``.
     Plain JSON: ``rollout_routed_experts`` is a nested list here (an int32 ndarray in
-    :func:`to_samples`). ``pad_token_id`` fills placeholders.
+    :func:`to_samples`). ``pad_token_id`` fills placeholders. ``step_credit``: rollouts with
+    step rewards get per-sample step credit (:mod:`rollwire_slime.versions`).
     """
     return _nested_sample_dicts(
         batch,
@@ -378,6 +387,7 @@ def to_sample_dicts(
         failure_reward=failure_reward,
         pad_token_id=pad_token_id,
         native=False,
+        step_credit=step_credit,
     )
 
 
@@ -389,9 +399,10 @@ def _nested_sample_dicts(
     failure_reward: float,
     pad_token_id: int,
     native: bool,
+    step_credit: CreditSpec | None = None,
 ) -> list[list[dict[str, Any]]]:
     groups = group_rollouts(batch)
-    builder = TrajectoryBuilder(mode, tokenizer)
+    builder = TrajectoryBuilder(mode, tokenizer, step_credit)
     built = [[builder.build(r) for r in g.rollouts] for g in groups]
     shape = batch_routing_shape(row for g in built for rows in g for row in rows)
     out: list[list[dict[str, Any]]] = []
@@ -413,6 +424,7 @@ def _nested_sample_dicts(
                 native=native,
                 routing_shape=shape,
                 pad_token_id=pad_token_id,
+                step_credit=step_credit,
             )
             index += len(samples)
             rollout_index += 1
@@ -439,6 +451,7 @@ def to_samples(
     mode: BuildMode = "merge",
     failure_reward: float = 0.0,
     pad_token_id: int = 0,
+    step_credit: CreditSpec | None = None,
 ) -> list[list[Any]]:
     """Like :func:`to_sample_dicts`, each dict rebuilt by ``slime.utils.types.Sample.from_dict``.
 
@@ -453,6 +466,7 @@ def to_samples(
         failure_reward=failure_reward,
         pad_token_id=pad_token_id,
         native=True,
+        step_credit=step_credit,
     )
     return [[sample_cls.from_dict(d) for d in group] for group in nested]
 

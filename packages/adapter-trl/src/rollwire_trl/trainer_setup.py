@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollwire_trl.rollout import RolloutFunction, rollwire_reward
@@ -123,10 +124,24 @@ class Progress:
             self.sink.close()
 
 
-def _sync_hook(spec: TrainSpec, server_url: str, gateway: Any) -> SyncHook:
+def _sync_hook(spec: TrainSpec, gateway: Any, model: Any) -> SyncHook:
+    """``spec.sync``, else rollwire's WeightSync: every server behind the gateway reloads the
+    folder and is verified against the live trainer model before the step's version is stamped."""
     if spec.sync is not None:
         return spec.sync
-    return http_weight_sync([server_url], gateway=gateway.url, admin_key=gateway.admin_key)
+    from rollwire.trainer.gateway_client import GatewayClient
+    from rollwire.trainer.references import transformers_reference
+    from rollwire.trainer.weight_sync import WeightSync
+
+    weight_sync = WeightSync(
+        GatewayClient(gateway.url, gateway.admin_key), reference=transformers_reference(model)
+    )
+    weight_sync.check()  # before step 1: the servers serve what the trainer holds
+
+    def sync(folder: Path, version: str) -> dict[str, float]:
+        return weight_sync.sync(folder, version).summary()
+
+    return sync
 
 
 def build_trainer(
@@ -149,11 +164,14 @@ def build_trainer(
 
     tokenizer = AutoTokenizer.from_pretrained(policy.tokenizer_folder)
     model = AutoModelForCausalLM.from_pretrained(policy.folder, dtype=torch.float32)
-    sync = _sync_hook(spec, server_url, gateway)
     if spec.backend is not None:  # a server of its own: make it serve the starting weights
-        sync(policy.folder, str(policy.step))
+        (
+            spec.sync
+            or http_weight_sync([server_url], gateway=gateway.url, admin_key=gateway.admin_key)
+        )(policy.folder, str(policy.step))
     else:
         gateway_version(gateway, str(policy.step))
+    sync = _sync_hook(spec, gateway, model)
 
     def on_record(record: StepRecord) -> None:
         emit(record)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         flatten_dataproto,
         grpo_advantages,
         normalize_rewards,
+        step_advantages,
         to_dataproto,
     )
     from rollwire_verl.layout import ConversionReport
@@ -29,10 +30,17 @@ __all__ = [
     "flatten_dataproto",
     "grpo_advantages",
     "normalize_rewards",
+    "step_advantages",
     "to_dataproto",
 ]
 
-_LAZY = {"flatten_dataproto", "grpo_advantages", "normalize_rewards", "to_dataproto"}
+_LAZY = {
+    "flatten_dataproto",
+    "grpo_advantages",
+    "normalize_rewards",
+    "step_advantages",
+    "to_dataproto",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -227,7 +227,8 @@ class RollwireAgentLoop(AgentLoopBase):
         handle = await self._start(sampling_params, kwargs)
         rollout: Rollout = await (await self._shared()).client().rollout(handle.session_id)
         # the backend's tokenizer classifies forks (template / retokenized / ...), not "other"
-        rows = TrajectoryBuilder(s.mode, _tokenizer_like(self.tokenizer)).build(rollout)
+        tokenizer = _tokenizer_like(self.tokenizer)
+        rows = TrajectoryBuilder(s.mode, tokenizer, s.step_credit).build(rollout)
         global_steps = kwargs.get("global_steps")
         step = None if global_steps is None else int(_plain(global_steps))
         if s.metrics:

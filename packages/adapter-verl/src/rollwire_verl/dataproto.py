@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
+from rollwire.data.credit import CreditSpec
 from rollwire.data.protocol import Group, Rollout
 from rollwire.data.rewards import normalize_row_rewards
 from rollwire.data.trajectory import BuildMode, TokenizerLike
@@ -32,6 +33,7 @@ __all__ = [
     "flatten_dataproto",
     "grpo_advantages",
     "normalize_rewards",
+    "step_advantages",
     "to_dataproto",
 ]
 
@@ -62,6 +64,7 @@ def to_dataproto(
     routed_experts: bool | None = None,
     reward_extra_keys: Sequence[str] | None = None,
     keep_untrainable_groups: bool = False,
+    step_credit: CreditSpec | None = None,
     return_report: Literal[False] = False,
 ) -> DataProto: ...
 
@@ -81,6 +84,7 @@ def to_dataproto(
     routed_experts: bool | None = None,
     reward_extra_keys: Sequence[str] | None = None,
     keep_untrainable_groups: bool = False,
+    step_credit: CreditSpec | None = None,
     return_report: Literal[True],
 ) -> tuple[DataProto, ConversionReport]: ...
 
@@ -99,6 +103,7 @@ def to_dataproto(
     routed_experts: bool | None = None,
     reward_extra_keys: Sequence[str] | None = None,
     keep_untrainable_groups: bool = False,
+    step_credit: CreditSpec | None = None,
     return_report: bool = False,
 ) -> DataProto | tuple[DataProto, ConversionReport]:
     """A padded ``DataProto`` of ``batch`` (``Group``s, or ``Rollout``s grouped by ``group_id``).
@@ -109,11 +114,14 @@ def to_dataproto(
     rollout without a usable model call is one masked placeholder row, never dropped (a failed
     one only with ``include_failed``; see :mod:`rollwire_verl.layout`). A task group none of whose
     rows has a trainable token is left out (counted in the report; verl's OPO would give it NaN
-    advantages) unless ``keep_untrainable_groups``. Raises ValueError
+    advantages) unless ``keep_untrainable_groups``. ``step_credit`` (``"broadcast"``,
+    ``"discounted"`` or a :class:`~rollwire.data.credit.StepCredit`) adds ``step_advantages`` and
+    ``step_rewards`` for rollouts with step rewards (:mod:`rollwire_verl.per_token`; use
+    :func:`step_advantages`). Raises ValueError
     for an empty batch, a completed rollout without a reward, or when every row was dropped.
     """
     torch, data_proto = _import_torch_verl()
-    rows = build_layout_rows(batch, mode=mode, tokenizer=tokenizer)
+    rows = build_layout_rows(batch, mode=mode, tokenizer=tokenizer, step_credit=step_credit)
     arrays = padded_arrays(
         rows,
         pad_token_id=pad_token_id,
@@ -260,6 +268,30 @@ def grpo_advantages(
     adv = normalize_rewards(data, scale_by_std=norm_adv_by_std_in_grpo, eps=epsilon)
     mask = data.batch["response_mask"]
     advantages = torch.from_numpy(adv).to(torch.float32).unsqueeze(-1) * mask.to(torch.float32)
+    returns = advantages.clone()
+    if store:
+        data.batch["advantages"] = advantages
+        data.batch["returns"] = returns
+    return advantages, returns
+
+
+def step_advantages(data: DataProto, *, store: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages, returns)`` [B, R] from the export's ``step_advantages`` (step-level credit,
+    :mod:`rollwire.data.credit`), zero on masked tokens; stored in ``data.batch`` with ``store``.
+
+    Call it in a custom trainer step in place of ``compute_advantage``, as :func:`grpo_advantages`.
+    Raises ValueError when the batch has no step credit (``to_dataproto(step_credit=...)`` on
+    rollouts with step rewards).
+    """
+    if "step_advantages" not in data.batch:
+        raise ValueError(
+            "the DataProto has no batch['step_advantages']: convert with "
+            "to_dataproto(..., step_credit='broadcast' or 'discounted') rollouts whose calls "
+            "carry step rewards"
+        )
+    torch, _ = _import_torch_verl()
+    mask = data.batch["response_mask"].to(torch.float32)
+    advantages = data.batch["step_advantages"].to(torch.float32) * mask
     returns = advantages.clone()
     if store:
         data.batch["advantages"] = advantages

@@ -34,8 +34,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rollwire.data.credit import CreditSpec
 from rollwire.data.protocol import Group, Rollout, Row, group_rollouts
 from rollwire.data.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
+from rollwire_verl.per_token import CREDIT_KEYS, VERSION_KEYS, credit_tensors, version_non_tensors
 from rollwire_verl.rows import RowCut, cut_row, verl_num_turns
 
 __all__ = [
@@ -66,6 +68,8 @@ RESERVED_NON_TENSOR_KEYS: frozenset[str] = frozenset(
         "truncated",
         "has_routed_experts",
         "placeholder",
+        *VERSION_KEYS,
+        *CREDIT_KEYS,
     }
 )
 
@@ -139,14 +143,16 @@ def build_layout_rows(
     *,
     mode: BuildMode = "merge",
     tokenizer: TokenizerLike | None = None,
+    step_credit: CreditSpec | None = None,
 ) -> list[Row]:
     """Training rows of ``batch`` (groups, or rollouts grouped by ``group_id``), in batch order.
 
     A rollout with no usable model call gets one token-less placeholder row (see
     :func:`is_placeholder`) in its place, never nothing: :func:`padded_arrays` lays it out as one
-    masked pad token, so the rollout's reward still counts in its group.
+    masked pad token, so the rollout's reward still counts in its group. ``step_credit``: rows
+    of rollouts with step rewards get per-token credit (:mod:`rollwire.data.credit`).
     """
-    builder = TrajectoryBuilder(mode, tokenizer)
+    builder = TrajectoryBuilder(mode, tokenizer, step_credit)
     rows: list[Row] = []
     for group in group_rollouts(batch):
         for rollout in group.rollouts:
@@ -385,6 +391,10 @@ def padded_arrays(
         tensors["routed_experts"] = _place_experts(slots, p, r)
 
     non_tensors = _non_tensors(slots, reward_extra_keys)
+    non_tensors.update(version_non_tensors([s.row for s in slots], [s.cut for s in slots]))
+    credit, credit_rows = credit_tensors([s.cut for s in slots], [s.mask for s in slots], r)
+    tensors.update(credit)
+    non_tensors.update(credit_rows)
     if routed_experts:
         non_tensors["has_routed_experts"] = np.fromiter(
             (s.experts is not None for s in slots), np.bool_, count=b

@@ -69,6 +69,12 @@ def _row_output(
     logprobs = cut.logprobs if trainable else np.zeros(cut.logprobs.shape, np.float32)
     if cut.truncated:
         extra["rollwire_truncated"] = True
+    if cut.advantages is not None:
+        # per response token (unpadded), zero where nothing trains: for a custom advantage step
+        on = mask == 1
+        extra["rollwire_step_advantages"] = np.where(on, cut.advantages, 0.0).tolist()
+        rewards = cut.step_rewards if cut.step_rewards is not None else 0.0
+        extra["rollwire_step_rewards"] = np.where(on, rewards, 0.0).tolist()
     return AgentLoopOutput(
         prompt_ids=cut.prompt.tolist(),
         response_ids=cut.response.tolist(),
@@ -87,18 +93,17 @@ def _weight_versions(
 ) -> tuple[int | None, int | None]:
     """``(min, max)`` weight version a row was sampled with, as verl's v1 trainer wants them.
 
-    The calls' ``policy_version`` when every call of the row has an integer one; otherwise the
-    version verl's sync trainer serves during step ``global_steps``: ``global_steps - 1`` (it
-    pushes weights with ``update_weights(global_steps)`` at the end of each step, and version 0
-    before the first), which is what its own loops report.
+    The versions that sampled the row's tokens (per token across a ``keep`` pause, else each
+    call's ``policy_version``) when all are integers; otherwise the version verl's sync trainer
+    serves during step ``global_steps``: ``global_steps - 1`` (it pushes weights with
+    ``update_weights(global_steps)`` at the end of each step, and version 0 before the first),
+    which is what its own loops report.
     """
-    ids = set(row.call_ids) if row is not None else None
+    labels = row.weight_versions if row is not None else rollout.weight_versions()
     versions: list[int] = []
-    for call in rollout.calls:
-        if ids is not None and call.call_id not in ids:
-            continue
+    for label in labels:
         try:
-            versions.append(int(str(call.policy_version)))
+            versions.append(int(label))
         except ValueError:
             versions = []
             break
@@ -191,6 +196,7 @@ def _extra_fields(
         "fork": row.fork.kind if row is not None and row.fork else None,
         "min_global_steps": lo,
         "max_global_steps": hi,
+        "weight_versions": list(row.weight_versions if row is not None else []),
     }
     if info is not None:
         out["reward_extra_info"] = dict(info)

@@ -26,6 +26,11 @@ class RowCut:
     #: routing of the kept tokens from the first kept prompt token on, or None
     experts: np.ndarray | None
     truncated: bool
+    #: per kept response token: index into the row's ``weight_versions`` (-1: none), or None
+    version_ids: np.ndarray | None = None
+    #: per kept response token step credit / step reward (None without step rewards)
+    advantages: np.ndarray | None = None
+    step_rewards: np.ndarray | None = None
 
 
 def cut_row(
@@ -55,6 +60,9 @@ def cut_row(
         logprobs=row.logprobs[:r_keep],
         experts=experts,
         truncated=bool(too_long_p or too_long_r),
+        version_ids=None if row.version_ids is None else row.version_ids[:r_keep],
+        advantages=None if row.advantages is None else row.advantages[:r_keep],
+        step_rewards=None if row.step_rewards is None else row.step_rewards[:r_keep],
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollwire.data.credit import parse_credit
 from rollwire.data.trajectory import BuildMode
 from rollwire.metrics_sinks.step_logger import metrics_every, metrics_spec
 from rollwire_verl.outputs import FailurePolicy, MultiRow
@@ -46,6 +47,8 @@ class LoopSettings:
     metrics: str | None = None
     #: rollouts per logged step when verl hands no ``global_steps``
     metrics_every: int = 64
+    #: step credit (``broadcast``, ``discounted``, ``discounted:GAMMA``); None: step rewards unused
+    step_credit: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> LoopSettings:
@@ -85,6 +88,7 @@ class LoopSettings:
             session_options=_freeze(options.get("session_options") or {}),
             metrics=metrics_spec(None if pick("metrics") is None else str(pick("metrics"))),
             metrics_every=metrics_every(pick("metrics_every")),
+            step_credit=None if pick("step_credit") is None else str(pick("step_credit")),
         )
 
     def validate(self) -> None:
@@ -97,6 +101,7 @@ class LoopSettings:
                 "reward_extra_keys: [key, ...] in the agent-loop YAML or "
                 "ROLLWIRE_REWARD_EXTRA_KEYS=key1,key2"
             )
+        parse_credit(self.step_credit)  # a bad spec fails here, not at the first rollout
         if self.routed_experts_shape is not None and min(self.routed_experts_shape) < 1:
             raise ValueError(
                 f"routed_experts_shape must be [layers, top_k] > 0, got {self.routed_experts_shape}"

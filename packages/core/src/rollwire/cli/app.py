@@ -20,6 +20,7 @@ from rollwire.cli.errors import run_app
 from rollwire.cli.eval import evaluate as eval_command
 from rollwire.cli.gateway import gateway_app
 from rollwire.cli.inspect import inspect as inspect_command
+from rollwire.models.cli import models_app
 
 __all__ = ["app", "main"]
 
@@ -52,6 +53,7 @@ def _root(
 
 app.add_typer(engine_app, name="engine")
 app.add_typer(gateway_app, name="gateway")
+app.add_typer(models_app, name="models")
 app.command("run")(run.run)
 app.command("export")(commands.export)
 app.command("demo")(commands.demo)

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 #: the backend kinds of ``rollwire.gateway.config`` (not imported here: it loads the gateway)
-BACKEND_KINDS = ("vllm", "sglang", "openai")
+BACKEND_KINDS = ("vllm", "sglang", "openai", "tinker")
 _KINDS = "|".join(BACKEND_KINDS)
 #: seconds a start-up probe waits for an answer (a live server answers in milliseconds)
 PROBE_TIMEOUT = 5.0
@@ -68,6 +68,11 @@ def parse_backend(spec: str, flag: str = "--backend") -> BackendSpec:
     if problem is not None:
         raise fail(
             f"{flag} {spec} is not a backend URL ({problem}); use http://HOST:PORT[={_KINDS}]"
+        )
+    if kind == "tinker":
+        raise fail(
+            f"{flag} {spec}: a tinker backend needs the model it samples and its tokenizer; add it "
+            "with POST /api/backends (kind, model, tokenizer) or GatewayConfig (docs/tinker.md)"
         )
     return BackendSpec(url, kind)
 

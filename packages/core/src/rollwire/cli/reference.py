@@ -29,6 +29,11 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "gateway, tokens mode",
         "Hugging Face tokenizer folder for `capture=tokens` when the session names none.",
     ),
+    (
+        "ROLLWIRE_MODELS_DIR",
+        "rollwire models",
+        "Cache folder for converted models (default `~/.cache/rollwire/models`).",
+    ),
     ("ROLLWIRE_GATEWAY_URL", "verl agent loop, slime hooks", "URL of a running gateway."),
     ("ROLLWIRE_ADMIN_KEY", "verl agent loop, slime hooks", "Admin key of that gateway."),
     (

@@ -23,7 +23,13 @@ from rich.markup import escape
 from rollwire.cli.checks import parse_backend, probe_backend, probe_gateway
 from rollwire.cli.errors import FAILED, check_output_free, fail
 from rollwire.cli.run_summary import METRICS_HELP, report_run
-from rollwire.cli.summary import failure_causes, rollouts_of, summarize, summary_table
+from rollwire.cli.summary import (
+    failure_causes,
+    rollouts_of,
+    routing_notes,
+    summarize,
+    summary_table,
+)
 
 __all__ = ["check_backends", "import_path", "quiet_logs", "read_tasks", "run"]
 
@@ -133,6 +139,8 @@ def _report(
     rollouts = rollouts_of(groups)
     s = summarize(groups, build_rows(groups), wall_s)
     console.print(summary_table(s, f"rollwire run → {out}"))
+    for note in routing_notes(s):
+        console.print(f"[bold yellow]note:[/bold yellow] {escape(note)}")
     causes = failure_causes(rollouts)
     if causes:
         console.print("[bold]failed rollouts by cause[/bold]")

@@ -18,13 +18,15 @@ from typing import Any
 
 from rich.table import Table
 
-from rollwire.data.protocol import Group, Rollout, Row
+from rollwire.data.protocol import Group, ModelCall, Rollout, Row
 
 __all__ = [
     "FailureCause",
     "failure_causes",
     "is_infrastructure",
     "rollouts_of",
+    "routing_gaps",
+    "routing_notes",
     "summarize",
     "summary_table",
 ]
@@ -104,6 +106,36 @@ def failure_causes(rollouts: Iterable[Rollout]) -> list[FailureCause]:
     ]
 
 
+def routing_gaps(calls: Iterable[ModelCall]) -> dict[str, list[int]]:
+    """Per backend serving routing (some call of it carries routed experts, or was asked for
+    them: ``routed_experts_missing``): ``[successful calls without routing, successful calls]``,
+    for those where some call has none."""
+    seen: dict[str, list[int]] = {}
+    routes: set[str] = set()
+    for c in calls:
+        if c.status != "ok" or not len(c.completion_ids) or c.backend is None:
+            continue  # (a call recorded without its backend cannot be told apart)
+        name = c.backend
+        counts = seen.setdefault(name, [0, 0])
+        counts[1] += 1
+        if c.routed_experts is None:
+            counts[0] += 1
+        if c.routed_experts is not None or "routed_experts_missing" in c.flags:
+            routes.add(name)
+    return {b: n for b, n in sorted(seen.items()) if b in routes and n[0]}
+
+
+def routing_notes(s: Mapping[str, Any]) -> list[str]:
+    """What to tell about MoE backends whose calls carry no routing (for the run's summary)."""
+    return [
+        f"backend {b} serves routed experts (an MoE model), but {missing} of its {total} calls "
+        "carry none, so they train without routing replay: streamed calls before the gateway "
+        "first saw this backend return routing, sessions created with routed_experts=false, "
+        "or a server started without --enable-return-routed-experts"
+        for b, (missing, total) in s.get("routing_gaps", {}).items()
+    ]
+
+
 def _stats(values: Sequence[float]) -> dict[str, float]:
     nan = float("nan")
     if not values:
@@ -142,6 +174,8 @@ def summarize(
         "completion_tokens": int(sum(len(c.completion_ids) for c in calls)),
         "routed_calls": sum(c.routed_experts is not None for c in calls),
         "streamed_calls": sum(bool(c.stream) for c in calls),
+        "routing_gaps": routing_gaps(calls),
+        "stale_calls": sum("stale" in c.flags for c in calls),
         "rows": len(rows),
         "trainable_tokens": int(sum(int(row.loss_mask.sum()) for row in rows)),
         "forks": dict(Counter(row.fork.kind for row in rows if row.fork is not None)),
@@ -172,6 +206,14 @@ def summary_lines(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("model calls", calls),
         ("tokens prompt / completion", f"{s['prompt_tokens']} / {s['completion_tokens']}"),
         ("calls with routed experts", f"{s['routed_calls']} / {s['calls']}"),
+    ]
+    gaps = s.get("routing_gaps") or {}
+    if gaps:
+        missing = ", ".join(f"{b} {m} / {n}" for b, (m, n) in gaps.items())
+        lines.append(("MoE calls without routing", missing))
+    if s.get("stale_calls"):
+        lines.append(("stale calls (not trained)", str(s["stale_calls"])))
+    lines += [
         ("training rows", f"{s['rows']} ({s['trainable_tokens']} trainable tokens)"),
         ("forks by class", ", ".join(f"{k} {v}" for k, v in sorted(s["forks"].items())) or "none"),
         ("wall time", f"{s['wall_s']:.1f} s"),

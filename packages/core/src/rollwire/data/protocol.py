@@ -33,9 +33,11 @@ __all__ = [
     "Rollout",
     "RolloutStatus",
     "Row",
+    "VersionSpan",
     "decode_calls",
     "encode_calls",
     "group_rollouts",
+    "version_spans_from_wire",
 ]
 
 RolloutStatus = Literal["running", "completed", "failed", "timeout", "cancelled"]
@@ -49,6 +51,57 @@ _EMPTY_F32 = np.zeros(0, dtype=np.float32)
 
 class _Model(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+
+class VersionSpan(_Model):
+    """Completion tokens ``[start, end)`` of a call were sampled by the weights labelled
+    ``version`` (vLLM's ``WeightVersionSpan`` on ``/inference/v1/generate``)."""
+
+    version: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+def _check_tiling(spans: Sequence[VersionSpan], n: int, who: str) -> None:
+    at = 0
+    for span in spans:
+        if span.start != at or span.end < span.start:
+            break
+        at = span.end
+    else:
+        if at == n:
+            return
+    got = [(s.version, s.start, s.end) for s in spans]
+    raise ValueError(
+        f"{who}: weight_versions {got} do not tile its {n} completion tokens as consecutive "
+        "[start, end) spans from 0; the backend's version labels disagree with its tokens"
+    )
+
+
+def version_spans_from_wire(raw: Any, n: int) -> list[VersionSpan] | None:
+    """A backend's ``weight_versions`` (vLLM's ``[{"version", "start", "end"}]`` over the
+    completion) as spans, or None when it sent none or named one version (``policy_version``
+    says that). Raises ValueError when they are malformed or do not tile the ``n`` tokens."""
+    if not raw:
+        return None
+    try:
+        spans = [
+            VersionSpan(version=str(s["version"]), start=s["start"], end=s["end"]) for s in raw
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"weight_versions must be [{{version, start, end}}, ...], got {str(raw)[:120]!r}"
+        ) from exc
+    _check_tiling(spans, n, "the backend's answer")
+    merged: list[VersionSpan] = []
+    for span in spans:
+        if span.end == span.start:
+            continue
+        if merged and merged[-1].version == span.version:
+            merged[-1] = VersionSpan(version=span.version, start=merged[-1].start, end=span.end)
+        else:
+            merged.append(span)
+    return merged if len(merged) > 1 else None
 
 
 class ModelCall(_Model):
@@ -79,6 +132,11 @@ class ModelCall(_Model):
     retry_of: str | None = None
     retry_count: int = 0
     policy_version: str | None = None
+    weight_versions: list[VersionSpan] | None = Field(
+        default=None,
+        description="per-token version spans over the completion, when the backend labelled "
+        "its tokens (tokens mode across a keep pause); None: every token is policy_version",
+    )
     backend: str | None = None
     logprobs_mode: Literal["raw", "processed"] | None = None
     capture: CaptureMode = "passthrough"
@@ -98,13 +156,25 @@ class ModelCall(_Model):
         """Prompt followed by completion (the sequence the policy saw and produced)."""
         return np.concatenate([self.prompt_ids, self.completion_ids])
 
+    def version_spans(self) -> list[VersionSpan]:
+        """Which weights sampled which completion tokens: ``weight_versions`` when the backend
+        labelled them, else one span of ``policy_version`` (none when that is unknown too)."""
+        if self.weight_versions is not None:
+            return [s for s in self.weight_versions if s.end > s.start]
+        n = int(self.completion_ids.shape[0])
+        if self.policy_version is None or n == 0:
+            return []
+        return [VersionSpan(version=self.policy_version, start=0, end=n)]
+
     def validate_lengths(self) -> None:
         """Raise ValueError when the arrays disagree in length (a corrupt capture)."""
-        if self.logprobs.shape[0] != self.completion_ids.shape[0]:
+        n = self.completion_ids.shape[0]
+        if self.logprobs.shape[0] != n:
             raise ValueError(
-                f"call {self.call_id}: {self.logprobs.shape[0]} logprobs for "
-                f"{self.completion_ids.shape[0]} completion tokens"
+                f"call {self.call_id}: {self.logprobs.shape[0]} logprobs for {n} completion tokens"
             )
+        if self.weight_versions is not None:
+            _check_tiling(self.weight_versions, int(n), f"call {self.call_id}")
 
 
 class Rollout(_Model):
@@ -133,6 +203,18 @@ class Rollout(_Model):
     def terminal(self) -> bool:
         """True once the rollout has a final status."""
         return self.status in TERMINAL_STATUSES
+
+    def weight_versions(self) -> list[str]:
+        """Every version that sampled a token of an ok call, in order of first use; more than one
+        means the rollout crossed a weight sync."""
+        out: list[str] = []
+        for call in sorted(self.calls, key=lambda c: c.index):
+            if call.status != "ok":
+                continue
+            for span in call.version_spans():
+                if span.version not in out:
+                    out.append(span.version)
+        return out
 
     def to_json(self) -> bytes:
         """Compact JSON with delta-encoded prompts and messages (DESIGN §5)."""
@@ -198,6 +280,25 @@ class Row(_Model):
     call_ids: list[str] = Field(default_factory=list)
     finish_reason: str | None = None
     policy_version: str | None = None
+    weight_versions: list[str] = Field(
+        default_factory=list,
+        description="the versions that sampled this row's tokens, in order of first use",
+    )
+    version_ids: Int32Array | None = Field(
+        default=None,
+        description="per response token: index into weight_versions, -1 for context tokens "
+        "and tokens of unknown version",
+    )
+    advantages: Float32Array | None = Field(
+        default=None,
+        description="per response token step credit (rollwire.data.credit); None without "
+        "step rewards",
+    )
+    step_rewards: Float32Array | None = Field(
+        default=None,
+        description="per response token: each turn's step reward on its last sampled token, "
+        "0 elsewhere (token-level scores); None without step rewards",
+    )
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Row:
@@ -220,7 +321,43 @@ class Row(_Model):
                 f"routed_experts must be [len(input_ids)-1, layers, top_k] = "
                 f"[{self.input_ids.shape[0] - 1}, L, K], got {list(experts.shape)}"
             )
+        self._check_token_extras(n)
         return self
+
+    def _check_token_extras(self, n: int) -> None:
+        extras = (
+            ("version_ids", self.version_ids),
+            ("advantages", self.advantages),
+            ("step_rewards", self.step_rewards),
+        )
+        for name, arr in extras:
+            if arr is not None and len(arr) != n:
+                raise ValueError(f"{name} ({len(arr)}) must cover the {n} response tokens")
+        ids = self.version_ids
+        if (
+            ids is not None
+            and ids.size
+            and (int(ids.min()) < -1 or int(ids.max()) >= len(self.weight_versions))
+        ):
+            raise ValueError(
+                f"version_ids range over [{int(ids.min())}, {int(ids.max())}] but the row has "
+                f"{len(self.weight_versions)} weight_versions {self.weight_versions} (-1: none)"
+            )
+
+    def version_spans(self) -> list[tuple[str, int, int]]:
+        """``(version, start, end)`` runs over the response region: maximal runs of sampled
+        tokens of one version (context tokens, id -1, end a run and belong to none)."""
+        ids = self.version_ids
+        if ids is None or ids.size == 0:
+            return []
+        cuts = np.flatnonzero(np.diff(ids)) + 1
+        starts = np.concatenate([[0], cuts])
+        ends = np.concatenate([cuts, [ids.size]])
+        return [
+            (self.weight_versions[int(ids[s])], int(s), int(e))
+            for s, e in zip(starts, ends)
+            if ids[s] >= 0
+        ]
 
     @property
     def prompt_ids(self) -> np.ndarray:

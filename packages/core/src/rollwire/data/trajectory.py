@@ -15,6 +15,14 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 from rollwire.data.arrays import common_prefix_len
+from rollwire.data.credit import (
+    CreditSpec,
+    as_credit,
+    step_rewards,
+    step_values,
+    token_advantages,
+    token_step_rewards,
+)
 from rollwire.data.protocol import Fork, ForkKind, Group, ModelCall, Rollout, Row, group_rollouts
 
 __all__ = ["TokenizerLike", "TrajectoryBuilder", "build_rows", "classify_fork"]
@@ -106,6 +114,8 @@ class _OpenRow:
     masks: list[np.ndarray] = field(default_factory=list)
     logprobs: list[np.ndarray] = field(default_factory=list)
     turns: list[np.ndarray] = field(default_factory=list)
+    versions: list[np.ndarray] = field(default_factory=list)
+    version_names: list[str] = field(default_factory=list)
     calls: list[ModelCall] = field(default_factory=list)
     fork: Fork | None = None
 
@@ -136,6 +146,7 @@ def _add_completion(row: _OpenRow, call: ModelCall) -> None:
     row.masks.append(np.full(n, 1 if trainable else 0, dtype=np.int8))
     row.logprobs.append(call.logprobs if trainable else np.zeros(n, np.float32))
     row.turns.append(np.full(n, call.index, dtype=np.int32))
+    row.versions.append(_version_ids(row, call))
     row.calls.append(call)
     row.last_prompt = call.prompt_ids
     row.last_completion = call.completion_ids
@@ -149,6 +160,17 @@ def _add_context(row: _OpenRow, ids: np.ndarray) -> None:
     row.masks.append(np.zeros(n, dtype=np.int8))
     row.logprobs.append(np.zeros(n, dtype=np.float32))
     row.turns.append(np.full(n, -1, dtype=np.int32))
+    row.versions.append(np.full(n, -1, dtype=np.int32))
+
+
+def _version_ids(row: _OpenRow, call: ModelCall) -> np.ndarray:
+    """Per completion token, the index of its version in the row's ``version_names``."""
+    ids = np.full(call.completion_ids.shape[0], -1, dtype=np.int32)
+    for span in call.version_spans():
+        if span.version not in row.version_names:
+            row.version_names.append(span.version)
+        ids[span.start : span.end] = row.version_names.index(span.version)
+    return ids
 
 
 def _usable(call: ModelCall) -> bool:
@@ -160,13 +182,22 @@ def _usable(call: ModelCall) -> bool:
 
 
 class TrajectoryBuilder:
-    """Builds training rows from a rollout's calls; see the module docstring for the two modes."""
+    """Builds training rows from a rollout's calls; see the module docstring for the two modes.
 
-    def __init__(self, mode: BuildMode = "merge", tokenizer: TokenizerLike | None = None) -> None:
+    ``credit`` turns a rollout's step rewards into ``Row.advantages`` (:mod:`rollwire.data.credit`).
+    """
+
+    def __init__(
+        self,
+        mode: BuildMode = "merge",
+        tokenizer: TokenizerLike | None = None,
+        credit: CreditSpec | None = None,
+    ) -> None:
         if mode not in ("merge", "per_call"):
             raise ValueError(f"unknown trajectory mode {mode!r}: use 'merge' or 'per_call'")
         self.mode: BuildMode = mode
         self.tokenizer = tokenizer
+        self.credit = as_credit(credit)
 
     def build(self, rollout: Rollout) -> list[Row]:
         """Rows of one rollout, in the order their first call was made."""
@@ -181,7 +212,14 @@ class TrajectoryBuilder:
                 opened.append(row)
         else:
             opened = self._merge(calls)
-        return [self._finish(rollout, i, row) for i, row in enumerate(opened)]
+        credit = None
+        if self.credit is not None and (values := step_values(rollout, self.credit)) is not None:
+            rewards = step_rewards(rollout) or {}
+            credit = (
+                {c.index: values[c.call_id] for c in calls if c.call_id in values},
+                {c.index: rewards[c.call_id] for c in calls if c.call_id in rewards},
+            )
+        return [self._finish(rollout, i, row, credit) for i, row in enumerate(opened)]
 
     def build_many(self, batch: Iterable[Group | Rollout]) -> list[Row]:
         """Rows of every rollout of ``batch`` (groups or a flat iterable of rollouts)."""
@@ -225,7 +263,12 @@ class TrajectoryBuilder:
         return Fork(kind=kind, position=best_pos, tokens_lost=lost, call_id=call.call_id)
 
     @staticmethod
-    def _finish(rollout: Rollout, index: int, row: _OpenRow) -> Row:
+    def _finish(
+        rollout: Rollout,
+        index: int,
+        row: _OpenRow,
+        credit: tuple[dict[int, float], dict[int, float]] | None,
+    ) -> Row:
         input_ids = np.concatenate([row.prompt, *row.ids]).astype(np.int32, copy=False)
         last = row.calls[-1]
         experts = last.routed_experts
@@ -235,12 +278,13 @@ class TrajectoryBuilder:
                 f"row has {input_ids.shape[0]} tokens (expected {input_ids.shape[0] - 1}); the "
                 "capture is inconsistent — check the backend's --enable-return-routed-experts output"
             )
+        mask, turns = np.concatenate(row.masks), np.concatenate(row.turns)
         return Row(
             input_ids=input_ids,
             prompt_len=int(row.prompt.shape[0]),
-            loss_mask=np.concatenate(row.masks),
+            loss_mask=mask,
             logprobs=np.concatenate(row.logprobs),
-            turn_ids=np.concatenate(row.turns),
+            turn_ids=turns,
             routed_experts=experts,
             rollout_id=rollout.rollout_id,
             group_id=rollout.group_id,
@@ -253,6 +297,10 @@ class TrajectoryBuilder:
             call_ids=[c.call_id for c in row.calls],
             finish_reason=last.finish_reason,
             policy_version=last.policy_version,
+            weight_versions=list(row.version_names),
+            version_ids=np.concatenate(row.versions),
+            advantages=None if credit is None else token_advantages(turns, mask, credit[0]),
+            step_rewards=None if credit is None else token_step_rewards(turns, mask, credit[1]),
         )
 
 
@@ -260,6 +308,7 @@ def build_rows(
     batch: Iterable[Group | Rollout],
     mode: BuildMode = "merge",
     tokenizer: TokenizerLike | None = None,
+    credit: CreditSpec | None = None,
 ) -> list[Row]:
-    """Shorthand for ``TrajectoryBuilder(mode, tokenizer).build_many(batch)``."""
-    return TrajectoryBuilder(mode, tokenizer).build_many(batch)
+    """Shorthand for ``TrajectoryBuilder(mode, tokenizer, credit).build_many(batch)``."""
+    return TrajectoryBuilder(mode, tokenizer, credit).build_many(batch)

@@ -69,7 +69,7 @@ _SGLANG_MODES: dict[str, PauseMode] = {"abort": "abort", "in_place": "keep", "re
 async def pause_generation(engine: Engine, request: Request) -> Response:
     """SGLang's ``POST /pause_generation {"mode": "abort" | "in_place" | "retract"}``."""
     mode = (await _body(request)).get("mode", "abort")
-    if mode not in _SGLANG_MODES:
+    if not isinstance(mode, str) or mode not in _SGLANG_MODES:
         raise _HTTPError(
             400, f"mode must be abort, in_place or retract; got {mode!r}", param="mode"
         )

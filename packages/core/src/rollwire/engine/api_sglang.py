@@ -96,24 +96,26 @@ async def update_weights_from_disk(engine: Engine, request: Request) -> Response
     version = body.get("weight_version")
     if version is not None and not isinstance(version, (str, int)):
         raise _bad("weight_version", "a string", version)
+    keep_pause = _bool(body, "keep_pause", False)
     if _bool(body, "abort_all_requests", False):
         engine.scheduler.abort(None)
-    paused = engine.scheduler.paused
-    num_paused = await engine.pause("keep") if paused else await engine.pause("wait")
+    paused, num_paused = engine.scheduler.paused, 0
+    if paused:  # as SGLang: paused requests stay, and go on with the new weights
+        num_paused = engine.scheduler.num_active - engine.scheduler.num_held
+    else:  # as SGLang's writer lock: hold new requests, let the ones in flight finish
+        await engine.pause("wait", clear_cache=False)
     try:
         await engine.reload_weights(path, version=None if version is None else str(version))
     except WeightsError as exc:
         out = {"success": False, "message": f"Failed to get weights iterator: {exc}."}
-        return _json({**out, "num_paused_requests": num_paused if paused else 0}, 400)
+        return _json({**out, "num_paused_requests": num_paused}, 400)
     finally:
-        if not paused and not _bool(body, "keep_pause", False):
+        if not paused and not keep_pause:
             engine.resume()
     message = "Succeeded to update model weights."
     if version is not None:
         message += f" Weight version updated to {version}."
-    return _json(
-        {"success": True, "message": message, "num_paused_requests": num_paused if paused else 0}
-    )
+    return _json({"success": True, "message": message, "num_paused_requests": num_paused})
 
 
 async def flush_cache(engine: Engine, request: Request) -> Response:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .model import ModelConfig, TinyModel
+from .tokenizer import tokenizer_files
 
 __all__ = ["mixtral_config", "mixtral_tensors", "save_hf", "write_safetensors"]
 
@@ -125,12 +126,14 @@ def save_hf(model: TinyModel, folder: str | Path) -> Path:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     tok = model.tokenizer
+    # The tokenizer's files only: a model loaded from a Mixtral folder has its tokenizer there.
+    for src in tokenizer_files(tok.folder):
+        if src.resolve() != (out / src.name).resolve():
+            shutil.copyfile(src, out / src.name)
     config = mixtral_config(model.config, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"eos_token_id": [tok.eos_id, tok.pad_id], "pad_token_id": tok.pad_id}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    (out / "model.safetensors.index.json").unlink(missing_ok=True)  # this folder has one file
     write_safetensors(out / "model.safetensors", mixtral_tensors(model))
-    for src in sorted(Path(tok.folder).iterdir()):
-        if src.is_file():
-            shutil.copyfile(src, out / src.name)
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .tokenizer import EngineTokenizer
+from .tokenizer import EngineTokenizer, tokenizer_files
 
 __all__ = ["KVCache", "ModelConfig", "TinyModel", "WeightsError"]
 
@@ -221,7 +221,9 @@ class TinyModel:
         tok_out = out / "tokenizer"
         if tok_out.exists():
             shutil.rmtree(tok_out)
-        shutil.copytree(self.tokenizer.folder, tok_out)
+        tok_out.mkdir()
+        for src in tokenizer_files(self.tokenizer.folder):  # not the weights of an HF folder
+            shutil.copyfile(src, tok_out / src.name)
         return out
 
     @classmethod

@@ -70,7 +70,7 @@ class Completion:
 Emit = Callable[[Any], None]
 
 
-@dataclass
+@dataclass(eq=False)  # an entity: compared (and found in lists) by identity
 class GenerationRequest:
     """A request handed to the scheduler; ``emit`` receives TokenEvents (if ``stream``) then a Completion
     (or an Exception)."""
@@ -132,3 +132,46 @@ class GenerationRequest:
                 return forced[:n], "length", None
         last = forced[-1] if forced else None
         return forced, "stop", last if last is not None and last in p.stop_token_ids else None
+
+    def completion(
+        self,
+        reason: FinishReason,
+        stop_reason: str | int | None,
+        tokenizer: EngineTokenizer,
+        all_experts: np.ndarray | None,
+    ) -> Completion:
+        """The finished result: visible text (stop token and stop string cut as vLLM does),
+        routed experts when asked (``all_experts``: every token fed through the model)."""
+        p, ids = self.params, self.output_ids
+        # The stop token is in token_ids but never in the text (vLLM), unless asked for.
+        text_ids = ids
+        if (
+            reason == "stop"
+            and ids
+            and ids[-1] in self.stop_ids
+            and not p.include_stop_str_in_output
+        ):
+            text_ids = ids[:-1]
+        text = tokenizer.decode(text_ids, skip_special_tokens=p.skip_special_tokens)
+        if isinstance(stop_reason, str) and not p.include_stop_str_in_output:
+            text = text[: text.find(stop_reason)]
+        experts = None
+        if self.want_experts and all_experts is not None:
+            # Every token fed through the model has experts; the last output token never was.
+            experts = all_experts[: max(len(self.prompt_ids) + len(ids) - 1, 0)]
+        return Completion(
+            request_id=self.request_id,
+            prompt_ids=self.prompt_ids,
+            output_ids=list(ids),
+            logprobs=list(self.logprobs),
+            ranks=list(self.ranks),
+            top_logprobs=list(self.tops) if p.logprobs is not None else None,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            text=text,
+            routed_experts=experts,
+            token_versions=list(self.versions),
+            prompt_logprobs=self.prompt_lp,
+            forced=self.forced_ids is not None,
+            cached_tokens=self.cached_tokens,
+        )

@@ -108,15 +108,20 @@ class Scheduler:
         self._queue.put(req)
 
     def abort(self, request_ids: list[str] | None = None) -> int:
-        """Abort the named requests (all when None); returns how many were found."""
+        """Abort the named requests (all when None); returns how many were found. A held
+        request ends at once (it has no model state); the others at the worker's next step."""
         with self._lock:
             reqs = (
                 list(self._by_id.values())
                 if request_ids is None
                 else [self._by_id[r] for r in request_ids if r in self._by_id]
             )
+            held = [r for r in reqs if r.held]
+            self._held = [r for r in self._held if r not in held]
         for r in reqs:
             r.abort()
+        for r in held:
+            self._finish(r, "abort", None)
         return len(reqs)
 
     # ----------------------------------------------------------------- pause and weights
@@ -167,11 +172,22 @@ class Scheduler:
         with self._lock:
             return len(self._by_id)
 
+    @property
+    def num_held(self) -> int:
+        """Requests submitted during a pause, waiting for :meth:`resume`."""
+        with self._lock:
+            return len(self._held)
+
+    def find(self, request_id: str) -> GenerationRequest | None:
+        """The unfinished request with this id (its token lists are the worker's: read only)."""
+        with self._lock:
+            return self._by_id.get(request_id)
+
     def between_steps(self, fn: Callable[[], _T]) -> Future[_T]:
         """Run ``fn`` on the worker thread between two steps (also while frozen), so no forward
         pass sees half of what it changes; runs it at once when the worker is not running."""
         fut: Future[_T] = Future()
-        if self._thread is None:
+        if self._thread is None or not self._running:
             try:
                 fut.set_result(fn())
             except Exception as exc:
@@ -450,49 +466,15 @@ class Scheduler:
     ) -> None:
         with self._lock:
             self._by_id.pop(req.request_id, None)
-        p = req.params
-        tok = self.model.tokenizer
-        ids = req.output_ids
-        # The stop token is in token_ids but never in the text (vLLM), unless asked for.
-        text_ids = ids
-        if (
-            reason == "stop"
-            and ids
-            and ids[-1] in req.stop_ids
-            and not p.include_stop_str_in_output
-        ):
-            text_ids = ids[:-1]
-        text = tok.decode(text_ids, skip_special_tokens=p.skip_special_tokens)
-        if isinstance(stop_reason, str) and not p.include_stop_str_in_output:
-            text = text[: text.find(stop_reason)]
         all_experts = np.concatenate(req.experts).astype(np.int32) if req.experts else None
-        experts = None
-        if req.want_experts and all_experts is not None:
-            # Every token fed through the model has experts; the last output token never was.
-            experts = all_experts[: max(len(req.prompt_ids) + len(ids) - 1, 0)]
         if (
             req.cache is not None
             and all_experts is not None
             and req.weights_gen == self.weights_gen
         ):
-            fed = req.seq if req.forced_ids is not None else req.prompt_ids + ids
+            fed = req.seq if req.forced_ids is not None else req.prompt_ids + req.output_ids
             self.prefix_cache.insert(fed, req.cache, all_experts)
-        completion = Completion(
-            request_id=req.request_id,
-            prompt_ids=req.prompt_ids,
-            output_ids=list(ids),
-            logprobs=list(req.logprobs),
-            ranks=list(req.ranks),
-            top_logprobs=list(req.tops) if p.logprobs is not None else None,
-            finish_reason=reason,
-            stop_reason=stop_reason,
-            text=text,
-            routed_experts=experts,
-            token_versions=list(req.versions),
-            prompt_logprobs=req.prompt_lp,
-            forced=req.forced_ids is not None,
-            cached_tokens=req.cached_tokens,
-        )
+        completion = req.completion(reason, stop_reason, self.model.tokenizer, all_experts)
         req.cache = None
         req.experts = []
         req.finished = True

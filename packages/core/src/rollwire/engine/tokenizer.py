@@ -27,6 +27,7 @@ __all__ = [
     "chat_template",
     "render_chat",
     "tokenizer_dir",
+    "tokenizer_files",
 ]
 
 #: Skipped by ``skip_special_tokens`` (like Qwen's ``<|im_end|>``).
@@ -171,6 +172,21 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _UNICODE_TO_BYTE = {v: k for k, v in _bytes_to_unicode().items()}
+
+
+#: Files of a model folder that are not the tokenizer's (a tokenizer loaded from a Hugging Face
+#: model folder shares it with the weights).
+_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
+_MODEL_SUFFIXES = (".safetensors", ".npz", ".bin", ".pt", ".pth", ".gguf")
+
+
+def tokenizer_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """The tokenizer's own files in ``folder`` (no weights or model config), to copy elsewhere."""
+    return [
+        p
+        for p in sorted(Path(folder).iterdir())
+        if p.is_file() and p.name not in _MODEL_FILES and not p.name.endswith(_MODEL_SUFFIXES)
+    ]
 
 
 class EngineTokenizer:

@@ -41,13 +41,15 @@ from rollwire.gateway.backends.upstream import UpstreamPool
 from rollwire.gateway.config import BackendSpec, GatewayConfig
 from rollwire.gateway.control.foreign_results import SESSION_CONTROL_PATHS, foreign_result_routes
 from rollwire.gateway.control.routes import build_control_app
-from rollwire.gateway.dataplane import calls
+from rollwire.gateway.dataplane import calls, hangups
 from rollwire.gateway.dataplane.sessions import SessionState
+from rollwire.gateway.dataplane.staleness import StalenessGate
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.live_sessions import LiveSessions
 from rollwire.gateway.metrics import GatewayMetrics
 from rollwire.gateway.security import TokenSigner, new_secret
 from rollwire.gateway.shared_state import SharedState
+from rollwire.gateway.sync_barrier import SyncBarrier
 from rollwire.gateway.ui import ui_routes
 from rollwire.store import SessionRecord, Store, open_store
 
@@ -61,15 +63,6 @@ log = logging.getLogger("rollwire.gateway")
 CallHandler = Callable[
     ["Gateway", dict[str, Any], SessionState, str, bytes], Awaitable[ASGIResponse]
 ]
-
-
-async def _watch_hangup(receive: Any, hangup: asyncio.Event) -> None:
-    """Set ``hangup`` when the client disconnects (the request body was read already)."""
-    while True:
-        message = await receive()
-        if message.get("type") == "http.disconnect":
-            hangup.set()
-            return
 
 
 class Gateway(LiveSessions, SharedState):
@@ -117,6 +110,8 @@ class Gateway(LiveSessions, SharedState):
         self._sweep_task: asyncio.Task[None] | None = None
         self._share_task: asyncio.Task[None] | None = None
         self._shared_seen: tuple[bool, str | None] = (False, None)  # last read from the store
+        self.barrier = SyncBarrier(self)  # this gateway's part in a weight sync's pause
+        self.staleness = StalenessGate(self)  # max_staleness: the ordinals, the held calls
         self._background: set[asyncio.Task[Any]] = set()
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count()
@@ -182,6 +177,7 @@ class Gateway(LiveSessions, SharedState):
                     await task
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.barrier.close()
         await self.upstream.close()
         if self._http is not None:
             await self._http.close()
@@ -257,6 +253,8 @@ class Gateway(LiveSessions, SharedState):
                 "not_found",
             )
         raw = await read_body(scope, receive, self.config.max_body_bytes)
+        if st.record.max_staleness is not None:
+            await self.staleness.admit(st)  # a stale rollout's first call waits, not in flight
         if self.paused:
             assert self._resumed is not None
             await self._resumed.wait()
@@ -266,16 +264,15 @@ class Gateway(LiveSessions, SharedState):
         if self._drained is not None:
             self._drained.clear()
         # The agent may hang up while the backend works: the call is then recorded as such.
-        hangup = asyncio.Event()
+        hangup = hangups.watch(receive)
         scope["rollwire.hangup"] = hangup
-        watcher = asyncio.ensure_future(_watch_hangup(receive, hangup))
         try:
             return await handler(self, scope, st, rest, raw), True
         except BaseException:
             self._call_over(st)
             raise
         finally:
-            watcher.cancel()  # before the response runs: a stream listens for itself
+            hangup.stop()  # before the response runs: a stream listens for itself
 
     def _call_over(self, st: SessionState) -> None:
         st.in_flight -= 1

@@ -7,7 +7,7 @@ from typing import Any
 
 __all__ = ["BackendSpec", "GatewayConfig"]
 
-BACKEND_KINDS = ("vllm", "sglang", "openai")
+BACKEND_KINDS = ("vllm", "sglang", "openai", "tinker")
 
 
 @dataclass
@@ -32,6 +32,11 @@ class BackendSpec:
         if self.kind not in BACKEND_KINDS:
             raise ValueError(
                 f"unknown backend kind {self.kind!r} for {self.url}: use one of {BACKEND_KINDS}"
+            )
+        if self.kind == "tinker" and not self.model:
+            raise ValueError(
+                f"a tinker backend ({self.url}) needs model: the base model it samples until the "
+                "first weight push (e.g. Qwen/Qwen3-8B) or a tinker://…/sampler_weights/… path"
             )
         url = self.url.rstrip("/")
         if url.endswith("/v1"):

@@ -24,6 +24,7 @@ _LATENCY_BUCKETS_S = (
     30,
     60,
 )
+_HOLD_BUCKETS_S = (0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
 _COMMIT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1)
 
 
@@ -69,6 +70,15 @@ class GatewayMetrics:
         self.latency = _Histogram(_LATENCY_BUCKETS_S)
         self.upstream_latency = _Histogram(_LATENCY_BUCKETS_S)
         self.commit_latency = _Histogram(_COMMIT_BUCKETS_S)
+        #: staleness admission (``max_staleness``): first calls held, held now, holds that ran
+        #: out of session TTL, calls flagged stale; the ordinals compared
+        self.stale_held = 0
+        self.stale_waiting = 0
+        self.stale_hold_expired = 0
+        self.stale_marked = 0
+        self.stale_hold_seconds = _Histogram(_HOLD_BUCKETS_S)
+        self.policy_seq = 0
+        self.trainer_seq: int | None = None
 
     def call(self, endpoint: str, status: str, prompt: int, completion: int) -> None:
         """Count one captured call."""
@@ -118,6 +128,7 @@ class GatewayMetrics:
             "# TYPE rollwire_in_flight gauge",
             f"rollwire_in_flight {in_flight}",
         ]
+        out += self._staleness()
         out += self.latency.render(
             "rollwire_call_latency_seconds", "Time from request to response, per call."
         )
@@ -128,3 +139,31 @@ class GatewayMetrics:
             "rollwire_store_commit_seconds", "Time to commit a captured call to the store."
         )
         return "\n".join(out) + "\n"
+
+    def _staleness(self) -> list[str]:
+        lag = 0 if self.trainer_seq is None else max(0, self.trainer_seq - self.policy_seq)
+        out = [
+            "# HELP rollwire_stale_held_total First calls of rollouts held because they would "
+            "be sampled more than max_staleness policy versions behind the trainer.",
+            "# TYPE rollwire_stale_held_total counter",
+            f"rollwire_stale_held_total {self.stale_held}",
+            "# HELP rollwire_stale_held Calls held for staleness now.",
+            "# TYPE rollwire_stale_held gauge",
+            f"rollwire_stale_held {self.stale_waiting}",
+            "# HELP rollwire_stale_hold_expired_total Held calls whose session TTL ran out first.",
+            "# TYPE rollwire_stale_hold_expired_total counter",
+            f"rollwire_stale_hold_expired_total {self.stale_hold_expired}",
+            "# HELP rollwire_stale_marked_total Calls flagged stale (not trained): sampled more "
+            "than their session's max_staleness versions behind the trainer.",
+            "# TYPE rollwire_stale_marked_total counter",
+            f"rollwire_stale_marked_total {self.stale_marked}",
+            "# HELP rollwire_stale_lag Policy versions the served weights are behind the trainer.",
+            "# TYPE rollwire_stale_lag gauge",
+            f"rollwire_stale_lag {lag}",
+            "# HELP rollwire_policy_seq Ordinal of the served policy version.",
+            "# TYPE rollwire_policy_seq gauge",
+            f"rollwire_policy_seq {self.policy_seq}",
+        ]
+        return out + self.stale_hold_seconds.render(
+            "rollwire_stale_hold_seconds", "How long calls were held for staleness."
+        )

@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import aiohttp
 
-    from rollwire.gateway.backends.pool import BackendPool
+    from rollwire.gateway.backends.pool import Backend, BackendPool
     from rollwire.gateway.backends.upstream import UpstreamPool
     from rollwire.gateway.config import GatewayConfig
     from rollwire.gateway.dataplane.sessions import SessionState
+    from rollwire.gateway.dataplane.staleness import StalenessGate
     from rollwire.gateway.metrics import GatewayMetrics
     from rollwire.gateway.security import TokenSigner
+    from rollwire.gateway.sync_barrier import SyncBarrier
     from rollwire.store import SessionRecord, Store
 
 __all__ = ["GatewayPort"]
@@ -43,6 +45,8 @@ class GatewayPort(Protocol):
     closing: set[str]
     waiters: dict[str, asyncio.Event]
     waiter_counts: dict[str, int]
+    barrier: SyncBarrier
+    staleness: StalenessGate
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -88,8 +92,16 @@ class GatewayPort(Protocol):
         """Pause or resume every gateway on the store."""
         ...
 
-    async def set_policy_version(self, version: str | None) -> None:
-        """Set the policy version for every gateway on the store."""
+    async def set_policy_version(self, version: str | None, seq: int | None = None) -> None:
+        """Set the policy version (and its ordinal) for every gateway on the store."""
+        ...
+
+    async def set_trainer_seq(self, seq: int | None, version: str | None = None) -> None:
+        """Say how far the trainer is, for every gateway on the store."""
+        ...
+
+    async def set_quarantine(self, backend: Backend, reason: str | None) -> None:
+        """Take a backend out of rotation (or back in) for every gateway on the store."""
         ...
 
     def pause(self) -> None:

@@ -6,7 +6,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from rollwire.gateway.backends.pool import Backend, BackendPool
 from rollwire.gateway.config import GatewayConfig
+from rollwire.gateway.dataplane.staleness import (
+    POLICY_SEQ,
+    TRAINER_SEQ,
+    StalenessGate,
+    next_policy_seq,
+)
+from rollwire.gateway.sync_barrier import EPOCH_SETTING, SyncBarrier
 from rollwire.store import Store
 
 __all__ = ["SharedState"]
@@ -16,6 +24,7 @@ log = logging.getLogger("rollwire.gateway")
 # Settings in the store that every gateway on it shares.
 _PAUSED = "gateway:paused"
 _POLICY_VERSION = "gateway:policy_version"
+_QUARANTINE = "gateway:quarantine:"  # + backend URL: why it is out of rotation
 
 
 class SharedState:
@@ -24,6 +33,9 @@ class SharedState:
 
     config: GatewayConfig
     store: Store
+    pool: BackendPool
+    barrier: SyncBarrier
+    staleness: StalenessGate
     policy_version: str | None
     paused: bool
     in_flight: int
@@ -32,10 +44,21 @@ class SharedState:
     _shared_seen: tuple[bool, str | None]
 
     async def load_shared_state(self) -> None:
-        """Take the pause state and policy version from the store (set by any gateway on it,
-        and kept across restarts)."""
-        paused = bool(await self.store.get_setting(_PAUSED))
+        """Take the pause state, a weight sync's epoch, the policy version (and its ordinal), the
+        trainer's ordinal and the backends out of rotation from the store (set by any gateway on
+        it, and kept across restarts).
+
+        Read in this order because a sync writes them in the reverse one (ordinal, version, then
+        epoch cleared, then pause cleared): a gateway that reads "not paused" reads the new
+        version and its ordinal.
+        """
+        paused_setting = await self.store.get_setting(_PAUSED)
+        epoch = await self.store.get_setting(EPOCH_SETTING)
         raw = await self.store.get_setting(_POLICY_VERSION)
+        policy_seq = await self.store.get_setting(POLICY_SEQ)
+        trainer = await self.store.get_setting(TRAINER_SEQ)
+        quarantined = await self.store.settings_with_prefix(_QUARANTINE)
+        paused = bool(paused_setting) or epoch is not None
         version = None if raw is None else str(raw)
         # Follow changes only (what this process set itself stays until someone changes it).
         last_paused, last_version = self._shared_seen
@@ -44,6 +67,11 @@ class SharedState:
         if version != last_version:
             self.policy_version = version
         self._shared_seen = (paused, version)
+        # no await between the resume above and this: a call it lets through sees the ordinal
+        self.staleness.follow(policy_seq, trainer)
+        for backend in self.pool.backends.values():
+            backend.quarantined = quarantined.get(_QUARANTINE + backend.url)
+        await self.barrier.follow(epoch)
 
     async def _follow_shared_state(self) -> None:
         while True:
@@ -60,11 +88,35 @@ class SharedState:
         self._shared_seen = (paused, self._shared_seen[1])
         self.pause() if paused else self.resume()
 
-    async def set_policy_version(self, version: str | None) -> None:
-        """Set the policy version stamped on captured calls, for every gateway on this store."""
+    async def set_policy_version(self, version: str | None, seq: int | None = None) -> None:
+        """Set the policy version stamped on captured calls, for every gateway on this store,
+        with its ordinal ``seq`` (default: one more than the last for a new version)."""
+        if seq is None:
+            current = await self.store.get_setting(POLICY_SEQ)
+            old = await self.store.get_setting(_POLICY_VERSION)
+            base = current if type(current) is int else self.staleness.policy_seq
+            seq = next_policy_seq(base, None if old is None else str(old), version)
+        # the ordinal before the version: a gateway reading the new version reads its ordinal
+        await self.store.set_setting(POLICY_SEQ, seq)
         await self.store.set_setting(_POLICY_VERSION, version)
         self._shared_seen = (self._shared_seen[0], version)
         self.policy_version = version
+        self.staleness.follow(seq, await self.store.get_setting(TRAINER_SEQ))
+
+    async def set_trainer_seq(self, seq: int | None, version: str | None = None) -> None:
+        """Say how far the trainer is (``seq``, in the policy versions' ordinal; None: it no
+        longer says), for every gateway on this store: what staleness is measured against."""
+        trainer = None if seq is None else {"seq": seq, "version": version}
+        await self.store.set_setting(TRAINER_SEQ, trainer)
+        self.staleness.follow(self.staleness.policy_seq, trainer)
+
+    async def set_quarantine(self, backend: Backend, reason: str | None) -> None:
+        """Take ``backend`` out of rotation (``reason``) or put it back (None), for every gateway
+        on this store: health checks do not undo it."""
+        await self.store.set_setting(_QUARANTINE + backend.url, reason)
+        if reason is not None:
+            log.warning("backend %s (%s) out of rotation: %s", backend.name, backend.url, reason)
+        backend.quarantined = reason
 
     # ------------------------------------------------------------------ pause / drain
     def pause(self) -> None:

@@ -47,6 +47,7 @@ def step_metrics(
         "calls/failed": s.failed_calls,
         "calls/off_policy": s.off_policy_calls,
         "calls/non_trainable": s.non_trainable_calls,
+        "calls/stale": s.stale_calls,
         "experts/coverage": s.experts_coverage,
         "forks/total": sum(s.forks.values()),
         "forks/tokens_lost": sum(s.fork_tokens_lost.values()),

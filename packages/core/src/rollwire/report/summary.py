@@ -90,6 +90,8 @@ class Summary:
     failed_calls: int = 0
     non_trainable_calls: int = 0
     off_policy_calls: int = 0
+    #: calls sampled beyond their session's ``max_staleness`` (flagged ``stale``, not trained)
+    stale_calls: int = 0
     flags: dict[str, int] = field(default_factory=dict)
     calls_with_experts: int = 0
     rows_with_experts: int = 0
@@ -129,6 +131,7 @@ class Summary:
             "failed_calls": self.failed_calls,
             "non_trainable_calls": self.non_trainable_calls,
             "off_policy_calls": self.off_policy_calls,
+            "stale_calls": self.stale_calls,
             "flags": dict(self.flags),
             "calls_with_experts": self.calls_with_experts,
             "rows_with_experts": self.rows_with_experts,
@@ -212,6 +215,7 @@ def _count_rollout(
             continue
         s.non_trainable_calls += not call.trainable
         s.off_policy_calls += call.off_policy
+        s.stale_calls += "stale" in call.flags
         s.calls_with_experts += call.routed_experts is not None
         flags.update(call.flags)
         if call.policy_version is not None:

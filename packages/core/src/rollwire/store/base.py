@@ -67,9 +67,16 @@ class SessionRecord:
     allow_off_policy: bool = False
     #: the session trains with routing replay: a streamed passthrough call is asked non-streamed
     #: and re-streamed to the agent (vLLM and SGLang put no routing on stream chunks), and a call
-    #: that still comes back without routed experts is flagged ``routed_experts_missing``
-    routed_experts: bool = False
+    #: that still comes back without routed experts is flagged ``routed_experts_missing``. None
+    #: (the default): so does every call to a backend that has returned routing; False: never
+    routed_experts: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: policy versions a call may be sampled behind the trainer (None: no bound); see
+    #: ``rollwire.gateway.dataplane.staleness``
+    max_staleness: int | None = None
+    #: ``hold``: a rollout whose first call would be stale waits; ``mark``: it runs, and its
+    #: stale calls are flagged (a started rollout is never held, under either)
+    on_stale: str = "hold"
     max_calls: int | None = None
     max_tokens: int | None = None
     expires_at: float | None = None
@@ -190,6 +197,11 @@ class Store(Protocol):
 
     async def set_setting(self, name: str, value: Any, *, ttl: float | None = None) -> None:
         """Set a shared setting (``None`` removes it), optionally expiring after ``ttl`` s."""
+        ...
+
+    async def settings_with_prefix(self, prefix: str) -> dict[str, Any]:
+        """Every unexpired setting whose name starts with ``prefix`` (the gateways' membership
+        and acknowledgements of a weight sync's pause)."""
         ...
 
     async def ping(self) -> None:

@@ -205,6 +205,25 @@ class RedisStore:
         px = max(1, int(ttl * 1000)) if ttl is not None else None
         await self._w.read(lambda: self._r.set(key, data, px=px))
 
+    async def settings_with_prefix(self, prefix: str) -> dict[str, Any]:
+        """Every unexpired setting whose name starts with ``prefix`` (SCAN, then MGET)."""
+        head = self._w.k("kv", "")
+        pattern = head + "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
+
+        async def read() -> dict[str, Any]:
+            keys = [k async for k in self._r.scan_iter(match=pattern, count=500)]
+            if not keys:
+                return {}
+            values = await self._r.mget(keys)
+            out: dict[str, Any] = {}
+            for key, raw in zip(keys, values, strict=True):
+                if raw is not None:
+                    name = key.decode() if isinstance(key, bytes) else str(key)
+                    out[name[len(head) :]] = orjson.loads(raw)
+            return out
+
+        return await self._w.read(read)
+
     # ----------------------------------------------------------------- measurements
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` when Redis does not answer."""

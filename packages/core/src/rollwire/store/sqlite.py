@@ -3,7 +3,8 @@
 Prompts are stored as ``(parent_call_id, shared_prefix_len, new_prompt_ids)`` and messages as new
 messages only (DESIGN §5, ``codec``); token ids, log-probs and routed experts as packed
 little-endian blobs. A call is committed before :meth:`SQLiteStore.append_call` returns; the
-terminal-session check and the retry matching run inside that same transaction.
+terminal-session check and the retry matching (``sqlite_retries``: the request key is a column of
+the call's row) run inside that same transaction.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rollwire.store.base import (
     SessionRecord,
     same_outcome,
 )
+from rollwire.store.sqlite_retries import RetryMatcher, add_request_key_column
 from rollwire.store.sqlite_writer import SQLiteConnections, WriteBatch
 
 __all__ = ["SQLiteStore"]
@@ -49,6 +51,7 @@ CREATE TABLE IF NOT EXISTS calls (
     session_id TEXT NOT NULL,
     idx INTEGER NOT NULL,
     call_id TEXT NOT NULL,
+    request_key TEXT,
     parent_call_id TEXT,
     shared_prefix_len INTEGER NOT NULL,
     new_prompt BLOB NOT NULL,
@@ -61,6 +64,7 @@ CREATE TABLE IF NOT EXISTS calls (
     PRIMARY KEY (session_id, idx)
 );
 CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, data BLOB NOT NULL);
+-- Request keys of calls stored before they had their column in ``calls`` (read, never written).
 CREATE TABLE IF NOT EXISTS call_keys (
     session_id TEXT NOT NULL,
     request_key TEXT NOT NULL,
@@ -110,14 +114,12 @@ class SQLiteStore(WriteBatch):
         self._deltas = codec.DeltaCache()
         self._counts: dict[str, list[int]] = {}  # per-batch call/token increments (writer only)
         self._known_blobs: set[str] = set()
-        # (session, request key) of ok retries this process stored before their original: the
-        # only rows a first attempt (retry_count 0) can match (writer thread only; see
-        # _match_retry).
-        self._early_retries: set[tuple[str, str]] = set()
+        self._retries = RetryMatcher()  # writer thread only
         self._db = SQLiteConnections(
             path,
             self,
             _SCHEMA,
+            migrate=add_request_key_column,
             readers=readers,
             checkpoint_interval=checkpoint_interval,
             wal_limit_bytes=wal_limit_bytes,
@@ -300,18 +302,19 @@ class SQLiteStore(WriteBatch):
 
     def _append(self, conn: sqlite3.Connection, call: ModelCall, key: str | None) -> ModelCall:
         deltas = self._session_deltas(conn, call.session_id)
-        earlier = self._match_retry(conn, call, key)
+        earlier = self._retries.match(conn, call, key)
         enc = codec.encode_call(call, deltas, key)
         if enc.tools is not None and enc.tools_hash is not None:
             self._put_blob(conn, enc.tools_hash, enc.tools)
         conn.execute(
-            "INSERT INTO calls (session_id, idx, call_id, parent_call_id, shared_prefix_len,"
-            " new_prompt, completion, logprobs, experts, shared_messages, new_messages, meta)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO calls (session_id, idx, call_id, request_key, parent_call_id,"
+            " shared_prefix_len, new_prompt, completion, logprobs, experts, shared_messages,"
+            " new_messages, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 call.session_id,
                 enc.index,
                 enc.call_id,
+                key,
                 enc.parent_call_id,
                 enc.shared_prefix_len,
                 enc.new_prompt,
@@ -334,55 +337,6 @@ class SQLiteStore(WriteBatch):
         codec.remember_encoded(call, enc, deltas, self._deltas)
         codec.committed(call, enc)
         return call
-
-    def _match_retry(
-        self, conn: sqlite3.Connection, call: ModelCall, key: str | None
-    ) -> str | None:
-        """The retry rule of :meth:`Store.append_call` (the Redis script has the same); returns
-        the earlier call this one supersedes."""
-        rc = int(call.retry_count)
-        ok = call.status == "ok"
-        if key is not None:
-            # A first attempt only matters to a row left by an ok retry that landed before it:
-            # skip the SELECT when this process stored none for this key. (One stored before a
-            # restart cannot be waiting for its original: that died with the old process. One
-            # SQLite file is served by one gateway process.)
-            probe = rc > 0 or (call.session_id, key) in self._early_retries
-            prev = (
-                None
-                if not probe
-                else conn.execute(
-                    "SELECT call_id, retry_count, ok, matched FROM call_keys"
-                    " WHERE session_id = ? AND request_key = ?",
-                    (call.session_id, key),
-                ).fetchone()
-            )
-            if prev is not None:
-                if rc > 0 and not call.retry_of:
-                    call.retry_of = prev[0]
-                elif rc == 0 and prev[1] > 0 and not prev[3] and prev[2]:
-                    # The retry landed first (this original was still running).
-                    call.trainable = False
-                    if codec.SUPERSEDED_FLAG not in call.flags:
-                        call.flags.append(codec.SUPERSEDED_FLAG)
-            if rc > 0 and ok and not call.retry_of:
-                # Kept on rollback too: an extra entry costs one SELECT, never a wrong answer.
-                self._early_retries.add((call.session_id, key))
-            conn.execute(
-                "INSERT OR REPLACE INTO call_keys (session_id, request_key, call_id,"
-                " retry_count, ok, matched) VALUES (?,?,?,?,?,?)",
-                (
-                    call.session_id,
-                    key,
-                    call.call_id,
-                    rc,
-                    int(ok),
-                    int(rc > 0 and bool(call.retry_of)),
-                ),
-            )
-        if rc > 0 and call.retry_of and ok:
-            return call.retry_of
-        return None
 
     def _put_blob(self, conn: sqlite3.Connection, digest: str, data: bytes) -> None:
         if digest not in self._known_blobs:
@@ -427,6 +381,19 @@ class SQLiteStore(WriteBatch):
                 )
 
         await self._db.submit(op)
+
+    async def settings_with_prefix(self, prefix: str) -> dict[str, Any]:
+        """Every unexpired setting whose name starts with ``prefix``."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, Any]:
+            rows = conn.execute(
+                "SELECT name, value FROM settings WHERE substr(name, 1, ?) = ?"
+                " AND (expires_at IS NULL OR expires_at > ?)",
+                (len(prefix), prefix, time.time()),
+            ).fetchall()
+            return {name: orjson.loads(value) for name, value in rows}
+
+        return await self._db.read(op)
 
     # ----------------------------------------------------------------- measurements
     async def ping(self) -> None:

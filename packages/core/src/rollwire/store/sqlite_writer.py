@@ -8,8 +8,10 @@ connections on a small thread pool, so they never wait for the writer.
 
 The WAL stays bounded without blocking a request: the checkpoint thread runs ``PASSIVE``
 checkpoints (they never wait for the writer or readers) once the WAL passes 1/8 of its bound (at
-the latest every ten intervals, and at once past the bound), and ``journal_size_limit`` makes
-SQLite truncate the WAL file each time the writer restarts it after a complete checkpoint.
+the latest every ten intervals, and at once past the bound), and ``journal_size_limit`` (1/8 of
+the bound) makes SQLite truncate the WAL file each time the writer restarts it after a complete
+checkpoint. Once the writer has been quiet for a whole interval, a ``TRUNCATE`` checkpoint folds
+the WAL back and empties the file, so an idle store does not keep a WAL of its last burst.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -30,6 +33,8 @@ __all__ = ["SQLiteConnections", "WriteBatch"]
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
+# Seconds between the writer's looks at the WAL's size (far less than the bound is written in it).
+_WAL_CHECK_INTERVAL = 0.05
 _IDLE_CHECKPOINT_ROUNDS = 10  # a WAL under 1/8 of its bound is checkpointed every 10 intervals
 _OUTAGE_MESSAGES = ("disk is full", "disk i/o error", "unable to open", "readonly database")
 
@@ -71,6 +76,7 @@ class SQLiteConnections:
         checkpoint_interval: float = 1.0,
         wal_limit_bytes: int = 64 * 1024 * 1024,
         max_bytes: int | None = None,
+        migrate: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         self.path = path
         self._hooks = hooks
@@ -78,14 +84,18 @@ class SQLiteConnections:
         self._max_bytes = None if max_bytes is None else int(max_bytes)
         init = self.connect()  # before any thread opens the file (it may become WAL now)
         init.executescript(schema)
+        if migrate is not None:
+            migrate(init)  # bring a file written by an earlier version up to the schema
         init.close()
         self._lock = threading.Lock()
         self._pending: list[tuple[Op, asyncio.Future[Any]]] = []
         self._kick_scheduled = False
         self._queue: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
-        self._dirty = threading.Event()
+        self._dirty = threading.Event()  # written since the last checkpoint
+        self._wrote = threading.Event()  # written since the checkpoint thread's last round
         self._wake = threading.Event()
         self._wal = path + "-wal"
+        self._next_wal_check = 0.0  # writer thread: when to look at the WAL's size again
         self.closed = False
         self._writer = threading.Thread(target=self._writer_main, name="rollwire-sqlite-writer")
         self._writer.daemon = True
@@ -106,7 +116,8 @@ class SQLiteConnections:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=10000")
-        conn.execute(f"PRAGMA journal_size_limit={self._wal_limit}")
+        # Truncated to this each time a complete checkpoint lets the writer start the WAL over.
+        conn.execute(f"PRAGMA journal_size_limit={max(0, self._wal_limit // 8)}")
         if self._max_bytes is not None:
             # A write that would grow the file past this is SQLITE_FULL, as on a full disk.
             page = conn.execute("PRAGMA page_size").fetchone()[0]
@@ -193,9 +204,16 @@ class SQLiteConnections:
                 conn.execute("ROLLBACK")
             self._hooks.rolled_back()
             outcomes = [self._run_one(conn, fn, fut) for fn, fut in items]
-        self._dirty.set()
-        if self._wal_limit > 0 and _size(self._wal) > self._wal_limit:
-            self._wake.set()  # over the limit: checkpoint now, not at the next interval
+        if not self._dirty.is_set():  # set once per checkpoint round, not once per batch
+            self._dirty.set()
+        if not self._wrote.is_set():
+            self._wrote.set()
+        if self._wal_limit > 0:
+            now = time.monotonic()
+            if now >= self._next_wal_check:  # a stat per batch would cost more than the bound
+                self._next_wal_check = now + _WAL_CHECK_INTERVAL
+                if _size(self._wal) > self._wal_limit:
+                    self._wake.set()  # over the limit: checkpoint now, not at the next interval
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for outcome in outcomes:
             by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
@@ -223,11 +241,27 @@ class SQLiteConnections:
     def _checkpoint_main(self) -> None:
         conn: sqlite3.Connection | None = None
         idle_rounds = 0
+        truncate_when_quiet = False
         while True:
             self._wake.wait(self._checkpoint_interval)
             self._wake.clear()
             if self._stop_checkpoints.is_set():
                 break
+            if conn is None:
+                conn = self._checkpoint_connection()
+                if conn is None:
+                    continue
+            if self._wrote.is_set():
+                self._wrote.clear()
+                truncate_when_quiet = True
+            elif truncate_when_quiet:
+                # No write for a whole interval: fold every frame back and empty the WAL file
+                # (nothing is waiting on the writer now; busy, it gives up and tries next round).
+                if _checkpoint(conn, "TRUNCATE"):
+                    truncate_when_quiet = False
+                    self._dirty.clear()
+                    idle_rounds = 0
+                continue
             if not self._dirty.is_set():
                 continue
             idle_rounds += 1
@@ -237,22 +271,24 @@ class SQLiteConnections:
                 continue
             idle_rounds = 0
             self._dirty.clear()
-            try:
-                if conn is None:
-                    conn = self.connect()
-                    conn.execute("PRAGMA busy_timeout=0")  # never queue up behind the writer
-                # PASSIVE never waits on the writer or a reader; once it has copied every frame,
-                # the writer's next transaction starts the WAL over and truncates the file to
-                # journal_size_limit.
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                if self._wal_limit > 0 and _size(self._wal) > self._wal_limit:
-                    # Steady writes never let PASSIVE catch up: take the lock only if it is free
-                    # right now, copy the few frames written since, and truncate.
-                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            except sqlite3.Error:
-                pass
+            # PASSIVE never waits on the writer or a reader; once it has copied every frame,
+            # the writer's next transaction starts the WAL over and truncates the file to
+            # journal_size_limit.
+            _checkpoint(conn, "PASSIVE")
+            if self._wal_limit > 0 and _size(self._wal) > self._wal_limit:
+                # Steady writes never let PASSIVE catch up: take the lock only if it is free
+                # right now, copy the few frames written since, and truncate.
+                _checkpoint(conn, "TRUNCATE")
         if conn is not None:
             conn.close()
+
+    def _checkpoint_connection(self) -> sqlite3.Connection | None:
+        try:
+            conn = self.connect()
+            conn.execute("PRAGMA busy_timeout=0")  # never queue up behind the writer
+        except sqlite3.Error:
+            return None
+        return conn
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -278,6 +314,15 @@ class SQLiteConnections:
             final.close()
         except sqlite3.Error:
             pass
+
+
+def _checkpoint(conn: sqlite3.Connection, mode: str) -> bool:
+    """Run a ``mode`` checkpoint; True when it completed (False when busy or failing)."""
+    try:
+        row = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None and row[0] == 0
 
 
 def _size(path: str) -> int:

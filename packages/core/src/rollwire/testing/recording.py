@@ -171,7 +171,7 @@ class CompleteRecorder:
         self.records: dict[str, list[dict[str, Any]]] = {}
         self.auth: dict[str, str] = {}
         self.fail_first = fail_first
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified on every record: waiters wake at once
         self.app = Starlette(
             routes=[Route("/api/sessions/{sid}/complete", self._complete, methods=["POST"])]
         )
@@ -187,6 +187,7 @@ class CompleteRecorder:
         with self._lock:
             self.records.setdefault(sid, []).append(body)
             self.auth[sid] = request.headers.get("authorization", "")
+            self._lock.notify_all()
         return JSONResponse({"session_id": sid, **body})
 
     def url(self, sid: str) -> str:
@@ -210,11 +211,9 @@ class CompleteRecorder:
             },
         }
 
-    def wait_for(self, sid: str, timeout: float = 10.0) -> list[dict[str, Any]]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            with self._lock:
-                if sid in self.records:
-                    return list(self.records[sid])
-            time.sleep(0.01)
-        raise AssertionError(f"no terminal record for {sid} within {timeout}s")
+    def wait_for(self, sid: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """The records of ``sid`` once the first arrives; ``timeout`` only bounds a hang."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: sid in self.records, timeout):
+                raise AssertionError(f"no terminal record for {sid} within {timeout}s")
+            return list(self.records[sid])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rollwire.data.protocol import Group, ModelCall, Rollout
+from rollwire.data.protocol import Group, ModelCall, Rollout, VersionSpan
 
 __all__ = [
     "failed_rollout",
@@ -13,6 +13,7 @@ __all__ = [
     "moe_rollout",
     "sample_batch",
     "single_turn_rollout",
+    "versioned_rollout",
 ]
 
 LAYERS, TOP_K, EXPERTS = 2, 2, 4
@@ -128,6 +129,39 @@ def moe_rollout(rid: str = "r-moe", group_id: str = "g1", reward: float = 2.0) -
         status="completed",
         reward=reward,
         calls=calls,
+    )
+
+
+def versioned_rollout(
+    rid: str = "r-versioned", group_id: str = "g2", reward: float = 1.0
+) -> Rollout:
+    """:func:`merged_rollout`'s three calls across two weight syncs with ``keep`` pauses: call 0
+    is version 1, call 1 switches 1 → 2 after 2 tokens, call 2 switches 2 → 3 after 1; step
+    rewards 0.25, 0.5, 1.0 (one row; versions 1, 2, 3)."""
+    c0, c1, c2 = _three_calls(rid)
+    c0.policy_version = "1"
+    c1.policy_version = "2"
+    c1.weight_versions = [
+        VersionSpan(version="1", start=0, end=2),
+        VersionSpan(version="2", start=2, end=5),
+    ]
+    c2.policy_version = "3"
+    c2.weight_versions = [
+        VersionSpan(version="2", start=0, end=1),
+        VersionSpan(version="3", start=1, end=3),
+    ]
+    for call, step in zip((c0, c1, c2), (0.25, 0.5, 1.0)):
+        call.capture = "tokens"
+        call.step_reward = step
+    return Rollout(
+        rollout_id=rid,
+        group_id=group_id,
+        task_id=group_id,
+        status="completed",
+        reward=reward,
+        metrics={f"step_reward/{i}": v for i, v in enumerate((0.25, 0.5, 1.0))},
+        calls=[c0, c1, c2],
+        capture="tokens",
     )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollwire.data.protocol import ModelCall
+from rollwire.data.protocol import ModelCall, VersionSpan
 from rollwire.store.base import (
     CompletionConflict,
     SessionClosed,
@@ -158,6 +158,17 @@ class StoreConformance:
             "request",
         ):
             assert getattr(got, name) == getattr(call, name), name
+
+    async def test_weight_version_spans_round_trip(self, store: Store) -> None:
+        sid = _sid()
+        await store.create_session(SessionRecord(session_id=sid))
+        spans = [VersionSpan(version="4", start=0, end=1), VersionSpan(version="5", start=1, end=3)]
+        await store.append_call(make_call(sid, [1, 2], [3, 4, 5], policy_version="5"))
+        labelled = make_call(sid, [1, 2, 3, 4, 5], [6, 7, 8], weight_versions=spans)
+        await store.append_call(labelled)
+        plain, got = await store.calls(sid)
+        assert plain.weight_versions is None and plain.policy_version == "5"
+        assert got.weight_versions == spans
 
     async def test_calls_keep_order_and_indices(self, store: Store) -> None:
         sid = _sid()
@@ -433,6 +444,11 @@ class StoreConformance:
             assert await second.get_setting(name + "-v") == "v7"
             assert await second.get_setting(name + "-gone") is None
             assert await second.get_setting(name + "-ttl") == "b1"
+            assert await second.settings_with_prefix(name + "-") == {
+                name + "-v": "v7",
+                name + "-ttl": "b1",
+            }
+            assert await second.settings_with_prefix(name + "-*") == {}  # no glob
             await second.set_setting(name + "-short", 1, ttl=0.05)
             await asyncio.sleep(0.15)  # no event marks a TTL passing
             assert await second.get_setting(name + "-short") is None

@@ -84,7 +84,10 @@ class RolloutClient(RolloutDriver):
     A runner built from a spec is kept across runs; :meth:`close`/:meth:`aclose` release it.
     ``payload_format`` adds the keys unmodified agents of another toolkit read
     (``"agentcore-rl-toolkit"``: gen-1's ``_rollout``; ``"agentcore-runtime"``: gen-2's
-    ``_config`` and start envelope); ``_rollwire`` is always there.
+    ``_config`` and start envelope); ``_rollwire`` is always there. ``max_staleness`` bounds
+    how many policy versions behind the trainer (``GatewayClient.set_trainer_version``) a
+    rollout is sampled: ``on_stale="hold"`` holds one not yet started, ``"mark"`` runs it; calls
+    beyond the bound are flagged ``stale`` and not trained (docs/control-api.md).
     """
 
     def __init__(
@@ -113,6 +116,8 @@ class RolloutClient(RolloutDriver):
         session_options: Mapping[str, Any] | None = None,
         gateway_options: Mapping[str, Any] | None = None,
         payload_format: str = "rollwire",
+        max_staleness: int | None = None,
+        on_stale: str = "hold",
     ) -> None:
         if group_size < 1:
             raise ValueError(f"group_size must be at least 1, got {group_size}")
@@ -135,6 +140,14 @@ class RolloutClient(RolloutDriver):
         self.drop_failed_groups = drop_failed_groups
         self.progress = progress
         self.session_options = dict(session_options or {})
+        if max_staleness is not None:
+            if type(max_staleness) is not int or max_staleness < 0:
+                raise ValueError(
+                    f"max_staleness must be a whole number of policy versions, got {max_staleness!r}"
+                )
+            if on_stale not in ("hold", "mark"):
+                raise ValueError(f"on_stale must be 'hold' or 'mark', got {on_stale!r}")
+            self.session_options.update(max_staleness=max_staleness, on_stale=on_stale)
         if payload_format not in PAYLOAD_FORMATS:
             raise ValueError(
                 f"payload_format must be one of {list(PAYLOAD_FORMATS)}, got {payload_format!r}"

@@ -225,9 +225,26 @@ class GatewayClient(_Base):
         """``DELETE /api/backends/{name}``."""
         self._req("DELETE", f"/api/backends/{name}")
 
-    def set_policy_version(self, version: str) -> str:
-        """``POST /api/policy_version``."""
-        return str(self._req("POST", "/api/policy_version", json={"version": version})["version"])
+    def set_policy_version(self, version: str, *, seq: int | None = None) -> str:
+        """``POST /api/policy_version`` (``seq``: its ordinal; default one more than the last)."""
+        body = _drop_none({"version": version, "seq": seq})
+        return str(self._req("POST", "/api/policy_version", json=body)["version"])
+
+    def set_trainer_version(self, seq: int | None, version: str | None = None) -> dict[str, Any]:
+        """``POST /api/trainer_version``: the trainer's newest weights are ``seq`` in the policy
+        versions' ordinal (what ``max_staleness`` is measured against; None: no bound)."""
+        body = {"seq": seq, **_drop_none({"version": version})}
+        return dict(self._req("POST", "/api/trainer_version", json=body))
+
+    def staleness(self) -> dict[str, Any]:
+        """``GET /api/trainer_version``: the trainer's and the served ordinals, the lag, and the
+        calls this gateway holds."""
+        return dict(self._req("GET", "/api/trainer_version"))
+
+    def get_policy_version(self) -> str | None:
+        """``GET /api/policy_version``."""
+        version = self._req("GET", "/api/policy_version")["version"]
+        return None if version is None else str(version)
 
     def sync_weight_version(self, version: str, *, servers: list[str] | None = None) -> str:
         """After a weight sync: tell every inference server its new weight version
@@ -256,6 +273,45 @@ class GatewayClient(_Base):
     def pause_status(self) -> dict[str, Any]:
         """``GET /api/pause``."""
         return dict(self._req("GET", "/api/pause"))
+
+    # --------------------------------------------------------------- weight sync (WeightSync)
+    def sync_begin(self, *, drain: bool = True, timeout: float = 120.0) -> dict[str, Any]:
+        """``POST /api/sync/begin``: pause every gateway on the store; returns once each has
+        acknowledged (and, with ``drain``, has no call in flight)."""
+        body = {"drain": drain, "timeout": timeout}
+        return dict(self._req("POST", "/api/sync/begin", json=body, timeout=timeout + 30.0))
+
+    def sync_end(self, *, version: str | None, seq: int | None = None) -> dict[str, Any]:
+        """``POST /api/sync/end``: set the policy version (ordinal ``seq``, default one more),
+        then resume every gateway."""
+        body = _drop_none({"version": version, "seq": seq})
+        return dict(self._req("POST", "/api/sync/end", json=body))
+
+    def push_weights(
+        self, name: str, *, weights_path: str, version: str, keep: bool = False, timeout: float
+    ) -> dict[str, Any]:
+        """``POST /api/backends/{name}/weights``: the backend loads ``weights_path`` by its
+        kind's transport and takes ``version`` as its weight version."""
+        body = {"weights_path": weights_path, "version": version, "keep": keep}
+        return dict(
+            self._req("POST", f"/api/backends/{name}/weights", json=body, timeout=timeout + 30.0)
+        )
+
+    def probe_backend(
+        self, name: str, *, prompt_ids: list[int], max_tokens: int, timeout: float = 300.0
+    ) -> dict[str, Any]:
+        """``POST /api/backends/{name}/probe``: a greedy token-in request with log-probs."""
+        body = {"prompt_ids": prompt_ids, "max_tokens": max_tokens, "timeout": timeout}
+        path = f"/api/backends/{name}/probe"
+        return dict(self._req("POST", path, json=body, timeout=timeout + 30.0))
+
+    def quarantine_backend(self, name: str, *, reason: str) -> dict[str, Any]:
+        """``POST /api/backends/{name}/quarantine``: out of rotation until restored."""
+        return dict(self._req("POST", f"/api/backends/{name}/quarantine", json={"reason": reason}))
+
+    def restore_backend(self, name: str) -> dict[str, Any]:
+        """``DELETE /api/backends/{name}/quarantine``: back in rotation."""
+        return dict(self._req("DELETE", f"/api/backends/{name}/quarantine"))
 
 
 class AsyncGatewayClient(_Base):
@@ -368,10 +424,21 @@ class AsyncGatewayClient(_Base):
         """``DELETE /api/backends/{name}``."""
         await self._req("DELETE", f"/api/backends/{name}")
 
-    async def set_policy_version(self, version: str) -> str:
+    async def set_policy_version(self, version: str, *, seq: int | None = None) -> str:
         """``POST /api/policy_version``."""
-        data = await self._req("POST", "/api/policy_version", json={"version": version})
-        return str(data["version"])
+        body = _drop_none({"version": version, "seq": seq})
+        return str((await self._req("POST", "/api/policy_version", json=body))["version"])
+
+    async def set_trainer_version(
+        self, seq: int | None, version: str | None = None
+    ) -> dict[str, Any]:
+        """:meth:`GatewayClient.set_trainer_version`, async."""
+        body = {"seq": seq, **_drop_none({"version": version})}
+        return dict(await self._req("POST", "/api/trainer_version", json=body))
+
+    async def staleness(self) -> dict[str, Any]:
+        """``GET /api/trainer_version``."""
+        return dict(await self._req("GET", "/api/trainer_version"))
 
     async def sync_weight_version(self, version: str, *, servers: list[str] | None = None) -> str:
         """:meth:`GatewayClient.sync_weight_version`, async."""

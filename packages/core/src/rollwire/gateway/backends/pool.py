@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -33,6 +34,16 @@ class Backend:
     discovered_model: str | None = None
     #: the tokenizer given when the backend was added (``BackendSpec.tokenizer``), if any
     tokenizer: str | None = None
+    #: why a weight sync (or an operator) took it out of rotation; health checks never undo it
+    quarantined: str | None = None
+    #: the version the last weight push labelled it with
+    weight_version: str | None = None
+    #: ``tinker`` kind: the SDK's ServiceClient and the SamplingClient it samples with now
+    client: Any = field(default=None, repr=False, compare=False)
+    sampler: Any = field(default=None, repr=False, compare=False)
+    #: an answer of it carried routed experts (an MoE model served with routing): streamed
+    #: calls are then captured with routing by default (learnt per gateway, never unlearnt)
+    returns_routing: bool = False
 
     @property
     def model(self) -> str | None:
@@ -51,6 +62,9 @@ class Backend:
             "tokenizer": self.tokenizer,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
+            "quarantined": self.quarantined,
+            "weight_version": self.weight_version,
+            "returns_routing": self.returns_routing,
         }
 
 
@@ -88,12 +102,14 @@ class BackendPool:
         name = self._sticky.get(session_id)
         if name is not None and name not in exclude:
             b = self.backends.get(name)
-            if b is not None and b.healthy:
+            if b is not None and b.healthy and b.quarantined is None:
                 return b
-        candidates = [b for b in self.backends.values() if b.healthy and b.name not in exclude]
+        usable = [b for b in self.backends.values() if b.quarantined is None]
+        candidates = [b for b in usable if b.healthy and b.name not in exclude]
         if not candidates and not exclude:
-            # Every backend is marked down: try anyway rather than refuse (health may be stale).
-            candidates = list(self.backends.values())
+            # Every backend is marked down: try anyway rather than refuse (health may be stale);
+            # never one a weight sync took out (it may serve weights nobody verified).
+            candidates = usable
         if not candidates:
             return None
         best = min(candidates, key=lambda b: b.in_flight)
@@ -124,14 +140,14 @@ class BackendPool:
 
     async def check(self, http: aiohttp.ClientSession, backend: Backend) -> bool:
         """Probe one backend (``GET /health``; for ``openai`` kind any answer counts)."""
-        path = "/v1/models" if backend.kind == "openai" else "/health"
+        path = {"openai": "/v1/models", "tinker": "/api/v1/healthz"}.get(backend.kind, "/health")
         try:
             async with http.get(backend.url + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 await resp.read()
                 ok = resp.status < 500 if backend.kind == "openai" else resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             ok = False
-        if ok and backend.pinned_model is None and backend.kind != "openai":
+        if ok and backend.pinned_model is None and backend.kind not in ("openai", "tinker"):
             # Re-read every time: a backend restarted under another served name must not be
             # sent the old one (it answers 404). A failed read keeps the last name known.
             served = await self._served_model(http, backend)

@@ -3,8 +3,8 @@
 One ``asyncio.Protocol`` per connection with an ``httptools`` response parser, idle connections
 kept per host. It does exactly what a forwarded model call needs — send one request with a known
 body, get back the status and the whole body — at a fraction of a general client's cost (aiohttp
-spends ~4x the CPU per request on features the data plane does not use). Streams, health checks and
-the tokens mode keep using aiohttp.
+spends ~4x the CPU per request on features the data plane does not use). Passthrough calls and the
+tokens mode's generation requests use it; streams and health checks keep using aiohttp.
 
 Errors, in the gateway's terms:
 

@@ -8,6 +8,7 @@ from starlette.routing import Route
 
 from rollwire.gateway.config import BACKEND_KINDS, BackendSpec
 from rollwire.gateway.control.base import ControlRoutes, json_response, query_number
+from rollwire.gateway.control.staleness import check_seq
 from rollwire.gateway.errors import GatewayError
 
 __all__ = ["AdminRoutes", "check_backend_url"]
@@ -120,8 +121,10 @@ class AdminRoutes(ControlRoutes):
                 raise GatewayError(
                     400, f"version must be 1 to {_MAX_VERSION} characters, got {len(version)}"
                 )
-            await self.gw.set_policy_version(version)
-        return json_response({"version": self.gw.policy_version})
+            await self.gw.set_policy_version(version, check_seq(body))
+        return json_response(
+            {"version": self.gw.policy_version, "seq": self.gw.staleness.policy_seq}
+        )
 
     def pause_json(self) -> Response:
         return json_response({"paused": self.gw.paused, "in_flight": self.gw.in_flight})
@@ -143,7 +146,8 @@ class AdminRoutes(ControlRoutes):
 
     async def resume(self, request: Request) -> Response:
         self.require_admin(request)
-        await self.gw.set_paused(False)
+        # also ends a weight sync's pause (one left behind by a trainer that died mid-sync)
+        await self.gw.barrier.end(None)
         return self.pause_json()
 
     async def health(self, request: Request) -> Response:

@@ -20,6 +20,8 @@ from starlette.routing import BaseRoute, Route
 
 from rollwire.gateway.control.admin import AdminRoutes
 from rollwire.gateway.control.sessions import SessionRoutes
+from rollwire.gateway.control.staleness import StalenessRoutes
+from rollwire.gateway.control.weights import WeightRoutes
 from rollwire.gateway.dataplane.commit import store_unavailable
 from rollwire.gateway.errors import GatewayError, error_response
 from rollwire.gateway.ports import GatewayPort
@@ -82,7 +84,12 @@ def build_control_app(gw: GatewayPort, extra: Sequence[BaseRoute] = ()) -> Starl
 
     routes: list[BaseRoute] = [
         Route(r.path, guarded(r.endpoint), methods=r.methods)
-        for r in [*SessionRoutes(gw).routes(), *AdminRoutes(gw).routes()]
+        for r in [
+            *SessionRoutes(gw).routes(),
+            *AdminRoutes(gw).routes(),
+            *WeightRoutes(gw).routes(),
+            *StalenessRoutes(gw).routes(),
+        ]
     ]
     routes.extend(extra)
     return Starlette(

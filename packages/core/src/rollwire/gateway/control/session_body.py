@@ -17,6 +17,7 @@ from rollwire.gateway.control.base import (
     positive_seconds,
 )
 from rollwire.gateway.dataplane.sampling import POLICIES, check_sampling
+from rollwire.gateway.dataplane.staleness import ON_STALE
 from rollwire.gateway.errors import GatewayError
 from rollwire.store import SessionRecord
 
@@ -37,6 +38,8 @@ _CREATE_FIELDS = {
     "allow_off_policy",
     "routed_experts",
     "chat_template_kwargs",
+    "max_staleness",
+    "on_stale",
 }
 
 
@@ -52,6 +55,25 @@ def _check_labels(body: dict[str, Any]) -> None:
             raise GatewayError(
                 400, f"{key} is over {MAX_LABEL} characters ({len(value)})", code="invalid_field"
             )
+
+
+def _staleness(body: dict[str, Any]) -> tuple[int | None, str]:
+    """``max_staleness`` (a count of policy versions, 0 or more) and ``on_stale``."""
+    bound = body.get("max_staleness")
+    if bound is not None and (type(bound) is not int or bound < 0):
+        raise GatewayError(
+            400,
+            f"max_staleness must be a whole number of policy versions (0 or more), got {bound!r}",
+            code="invalid_field",
+        )
+    on_stale = body.get("on_stale")
+    if on_stale is None:
+        on_stale = "hold"
+    elif on_stale not in ON_STALE:
+        raise GatewayError(
+            400, f"on_stale must be one of {ON_STALE}, got {on_stale!r}", code="invalid_field"
+        )
+    return bound, on_stale
 
 
 def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
@@ -98,6 +120,7 @@ def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
         raise GatewayError(
             400, f"routed_experts must be true or false, got {experts!r}", code="invalid_field"
         )
+    max_staleness, on_stale = _staleness(body)
     ttl = default_ttl
     if body.get("ttl") is not None:
         ttl = positive_seconds(body["ttl"], "ttl")
@@ -120,7 +143,9 @@ def session_record(body: dict[str, Any], default_ttl: float) -> SessionRecord:
         sampling_policy=dict(policy),
         capture=capture,
         allow_off_policy=aop,
-        routed_experts=bool(experts),
+        routed_experts=experts,
+        max_staleness=max_staleness,
+        on_stale=on_stale,
         chat_template_kwargs=body.get("chat_template_kwargs"),
         max_calls=max_calls,
         max_tokens=max_tokens,

@@ -10,10 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from rollwire.data.protocol import VersionSpan, version_spans_from_wire
+
 __all__ = [
+    "VERSIONS_INVALID_FLAG",
     "Asked",
     "Captured",
     "StreamAccumulator",
+    "capture_spans",
     "extract",
     "resolve_policy_version",
     "strip_chunk",
@@ -93,6 +97,8 @@ class Captured:
     routed_experts: np.ndarray | None = None
     finish_reason: str | None = None
     weight_version: str | None = None
+    #: the backend's per-token ``weight_versions`` spans as it sent them (vLLM's shape)
+    weight_spans: Any = None
     has_ids: bool = False
     usage: dict[str, Any] | None = None
 
@@ -134,6 +140,19 @@ def _chat_logprobs(lp: Any) -> list[float]:
     return []
 
 
+#: flag of a call whose backend labelled its tokens with versions that do not fit them
+VERSIONS_INVALID_FLAG = "weight_versions_invalid"
+
+
+def capture_spans(raw: Any, n: int) -> tuple[list[VersionSpan] | None, str | None]:
+    """``(spans, flag)``: the backend's per-token version spans for ``ModelCall.weight_versions``
+    (None for one version), or None and ``weight_versions_invalid`` when they do not fit."""
+    try:
+        return version_spans_from_wire(raw, n), None
+    except ValueError:
+        return None, VERSIONS_INVALID_FLAG
+
+
 def _weight_version(choice: dict[str, Any], data: dict[str, Any]) -> str | None:
     wv = choice.get("weight_versions") or data.get("weight_versions")
     if isinstance(wv, list) and wv:
@@ -163,6 +182,7 @@ def extract(data: dict[str, Any]) -> Captured:
     cap.routed_experts = decode_experts(choice.get("routed_experts"))
     cap.finish_reason = choice.get("finish_reason")
     cap.weight_version = _weight_version(choice, data)
+    cap.weight_spans = choice.get("weight_versions")
     cap.usage = data.get("usage")
     return cap
 
@@ -213,6 +233,7 @@ class StreamAccumulator:
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.weight_version: str | None = None
+        self.weight_spans: Any = None
         self.usage: dict[str, Any] | None = None
         self.head: dict[str, Any] = {}
         self.role: str = "assistant"
@@ -248,6 +269,8 @@ class StreamAccumulator:
             wv = _weight_version(choice, chunk)
             if wv is not None:
                 self.weight_version = wv
+            if choice.get("weight_versions"):  # vLLM: on the final chunk, over the whole output
+                self.weight_spans = choice["weight_versions"]
             if choice.get("text"):
                 self.text.append(choice["text"])
             delta = choice.get("delta")
@@ -290,6 +313,7 @@ class StreamAccumulator:
             logprobs=np.array(self.logprobs, dtype=np.float32) if self.logprobs else _EMPTY_F32,
             finish_reason=self.finish_reason,
             weight_version=self.weight_version,
+            weight_spans=self.weight_spans,
             has_ids=self.prompt is not None and self.saw_ids,
             usage=self.usage,
         )

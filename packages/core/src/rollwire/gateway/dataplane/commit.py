@@ -11,25 +11,54 @@ import time
 from typing import Any
 
 from rollwire.data.protocol import ModelCall
+from rollwire.gateway.dataplane.routing import learn_routing
 from rollwire.gateway.dataplane.sessions import Attempt, SessionState
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.ports import GatewayPort
 from rollwire.store import SessionClosed, SessionNotFound, StoreUnavailable
 
-__all__ = ["commit_call", "new_call", "store_unavailable"]
+__all__ = ["assign", "commit_call", "new_call", "store_unavailable"]
 
 log = logging.getLogger("rollwire.gateway")
 
 _CALL_DEFAULTS = ModelCall(call_id="", session_id="", index=0).__dict__
+# Defaults a call may change in place (its own copy each); the others are immutable or replaced.
+_MUTABLE_DEFAULTS = tuple(k for k, v in _CALL_DEFAULTS.items() if isinstance(v, (list, dict)))
+_ALL_FIELDS = frozenset(_CALL_DEFAULTS)
+# What ``model_construct`` does, without its per-field loop: it costs more than parsing the request.
+_DIRECT = not ModelCall.__pydantic_post_init__ and not ModelCall.__pydantic_root_model__
+_set = object.__setattr__
 
 
 def new_call(**fields: Any) -> ModelCall:
-    """A ModelCall without validation or per-field default factories (the hot path)."""
-    values = {
-        k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in _CALL_DEFAULTS.items()
-    }
+    """A ModelCall without validation or per-field default factories (the hot path): the same
+    object as ``ModelCall.model_construct`` with every field given."""
+    values = dict(_CALL_DEFAULTS)
+    for name in _MUTABLE_DEFAULTS:
+        values[name] = values[name].copy()
     values.update(fields)
-    return ModelCall.model_construct(None, **values)
+    if not _DIRECT or len(values) != len(_ALL_FIELDS):
+        return ModelCall.model_construct(None, **values)  # unknown names: let pydantic say so
+    call = ModelCall.__new__(ModelCall)
+    _set(call, "__dict__", values)
+    _set(call, "__pydantic_fields_set__", set(_ALL_FIELDS))
+    _set(call, "__pydantic_extra__", None)
+    _set(call, "__pydantic_private__", None)
+    return call
+
+
+_VALIDATES_ASSIGNMENT = bool(ModelCall.model_config.get("validate_assignment"))
+
+
+def assign(call: ModelCall, **fields: Any) -> None:
+    """Set fields of ``call`` as pydantic's own assignment does (no validation: the values are
+    the gateway's own), without its per-attribute dispatch (the hot path sets a dozen a call)."""
+    if _VALIDATES_ASSIGNMENT:
+        for name, value in fields.items():
+            setattr(call, name, value)
+        return
+    call.__dict__.update(fields)
+    call.__pydantic_fields_set__.update(fields)
 
 
 def store_unavailable(exc: StoreUnavailable) -> GatewayError:
@@ -70,6 +99,10 @@ async def commit_call(gw: GatewayPort, st: SessionState, call: ModelCall, attemp
     """
     rec = st.record
     _link_retry(gw, st, call, attempt)
+    if call.routed_experts is not None:
+        learn_routing(gw, call)
+    if rec.max_staleness is not None:
+        gw.staleness.mark(rec, call)
     t = time.perf_counter()
     try:
         await gw.store.append_call(call, request_key=attempt.key)

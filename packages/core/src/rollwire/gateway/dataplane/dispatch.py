@@ -20,8 +20,15 @@ from rollwire.gateway.backends.upstream import (
     UpstreamConnectError,
     UpstreamError,
 )
-from rollwire.gateway.dataplane.capture import Asked, Captured, extract, resolve_policy_version
+from rollwire.gateway.dataplane.capture import (
+    Asked,
+    Captured,
+    capture_spans,
+    extract,
+    resolve_policy_version,
+)
 from rollwire.gateway.dataplane.capture import strip_response as _strip
+from rollwire.gateway.dataplane.commit import assign
 from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.errors import GatewayError, error_response, upstream_error_body
 from rollwire.gateway.ports import GatewayPort
@@ -94,6 +101,14 @@ async def _with_failover(
         backend = gw.pool.pick(st.record.session_id, exclude=frozenset(tried))
         if backend is None:
             break
+        if backend.kind == "tinker":
+            raise GatewayError(
+                400,
+                f"backend {backend.name} is a Tinker sampler, which takes token ids only: create "
+                "the session with capture='tokens'",
+                "invalid_request_error",
+                "tinker_needs_tokens_mode",
+            )
         tried.add(backend.name)
         backend.in_flight += 1
         try:
@@ -234,8 +249,7 @@ async def forward(
         message = f"inference backend failed: {exc}"
         return await fail_call(gw, call, commit, 502, message, "bad_gateway", t0)
     gw.metrics.upstream_latency.observe(time.perf_counter() - t0)
-    call.backend = backend.name
-    call.logprobs_mode = LOGPROBS_MODE.get(backend.kind)  # type: ignore[assignment]
+    assign(call, backend=backend.name, logprobs_mode=LOGPROBS_MODE.get(backend.kind))
     if status != 200:
         return await upstream_refused(gw, call, commit, status, payload, t0)
     try:
@@ -244,11 +258,10 @@ async def forward(
         message = "inference backend answered with invalid JSON"
         return await fail_call(gw, call, commit, 502, message, "bad_gateway", t0)
     fill_call(gw, call, extract(data), backend)
-    call.latency_ms = (time.perf_counter() - t0) * 1000.0
     if not asked.everything:
         _strip(data, asked)
         payload = orjson.dumps(data)
-    call.response = data
+    assign(call, latency_ms=(time.perf_counter() - t0) * 1000.0, response=data)
     await commit(call)
     gw.metrics.latency.observe(time.perf_counter() - t0)
     return RawResponse(payload)
@@ -272,16 +285,21 @@ def expect_routing(gw: GatewayPort, commit: Commit) -> Commit:
 
 def fill_call(gw: GatewayPort, call: ModelCall, cap: Captured, backend: Backend) -> None:
     """Copy what was captured into ``call`` and flag what makes it untrainable."""
-    call.prompt_ids = cap.prompt_ids
-    call.completion_ids = cap.completion_ids
-    call.logprobs = cap.logprobs
-    call.routed_experts = cap.routed_experts
-    call.finish_reason = cap.finish_reason
-    call.policy_version, version_flag = resolve_policy_version(
-        cap.weight_version, gw.policy_version
+    version, version_flag = resolve_policy_version(cap.weight_version, gw.policy_version)
+    assign(
+        call,
+        prompt_ids=cap.prompt_ids,
+        completion_ids=cap.completion_ids,
+        logprobs=cap.logprobs,
+        routed_experts=cap.routed_experts,
+        finish_reason=cap.finish_reason,
+        policy_version=version,
     )
-    if version_flag:
-        call.flags.append(version_flag)
+    raw_spans = cap.weight_spans if cap.has_ids else None
+    call.weight_versions, spans_flag = capture_spans(raw_spans, cap.completion_ids.shape[0])
+    for flag in (version_flag, spans_flag):
+        if flag:
+            call.flags.append(flag)
     if backend.kind == "openai" or not cap.has_ids:
         call.trainable = False
         call.flags.append("no_token_ids")

@@ -47,7 +47,10 @@ RESPONSES = "/v1/responses"
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
 _HISTORY_KEY = "dialects.responses"
-_MAX_KEPT = 256  # stored responses per session kept in memory for previous_response_id
+# Stored responses per session kept in memory for previous_response_id: a chain continues the
+# latest ones; an older id is read back from the store. Each is a whole conversation, so 256 of
+# them per session held ~100 MB over the benchmark's sessions.
+_MAX_KEPT = 16
 _SSE_HEADERS = {"cache-control": "no-cache"}
 
 
@@ -64,7 +67,11 @@ def _parse(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            raise DialectError(calls.TOO_DEEP) from exc
         raise DialectError(f"request body is not valid JSON: {exc}") from exc
+    if calls.json_too_deep(body):
+        raise DialectError(calls.TOO_DEEP)
     if not isinstance(body, dict):
         raise DialectError("request body must be a JSON object")
     return body
@@ -105,6 +112,19 @@ def _kept(st: SessionState) -> OrderedDict[str, list[dict[str, Any]]]:
     if not isinstance(kept, OrderedDict):
         kept = st.state[_HISTORY_KEY] = OrderedDict()
     return kept
+
+
+def _share(prev: list[dict[str, Any]] | None, cur: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``cur`` with the messages it begins with in common with ``prev`` replaced by ``prev``'s
+    own (equal) objects: the kept conversations of a session then hold their history once."""
+    if not prev:
+        return cur
+    n = 0
+    for a, b in zip(prev, cur):
+        if a is not b and a != b:
+            break
+        n += 1
+    return prev[:n] + cur[n:] if n else cur
 
 
 async def _history(gw: GatewayPort, st: SessionState, response_id: Any) -> list[dict[str, Any]]:
@@ -152,7 +172,8 @@ async def serve_responses(
     if store:
         reply = ((data.get("choices") or [{}])[0]).get("message") or {}
         kept = _kept(st)
-        kept[rid] = responses.history_after(chat, reply)
+        history = responses.history_after(chat, reply)
+        kept[rid] = _share(next(reversed(kept.values()), None), history)
         while len(kept) > _MAX_KEPT:
             kept.popitem(last=False)
     if body.get("stream"):

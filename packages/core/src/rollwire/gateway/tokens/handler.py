@@ -77,6 +77,10 @@ async def _generate(
     backend = ctx.backend
 
     async def attempt(target: Backend, target_info: BackendInfo) -> Generation:
+        if target.kind == "tinker":
+            from rollwire.gateway.tokens.tinker import tinker_generate
+
+            return await tinker_generate(target, prompt_ids, effective, timeout=timeout)
         payload = sampling_payload(
             target.kind,
             prompt_ids,
@@ -94,6 +98,7 @@ async def _generate(
             experts_shape=target_info.experts_shape,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            upstream=ctx.gateway.upstream if ctx.gateway is not None else None,
         )
 
     try:

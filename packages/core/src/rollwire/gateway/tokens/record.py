@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from starlette.responses import Response
 
+from rollwire.data.arrays import as_array
 from rollwire.data.protocol import ModelCall
-from rollwire.gateway.dataplane.capture import resolve_policy_version
+from rollwire.gateway.dataplane.capture import capture_spans, resolve_policy_version
+from rollwire.gateway.dataplane.commit import new_call
 from rollwire.gateway.errors import error_response
 from rollwire.gateway.tokens.backend import BackendFailure, Generation
 from rollwire.gateway.tokens.parsers import ParsedCompletion, ToolParser, parse_completion
@@ -126,23 +128,28 @@ def captured_call(
         # constraint was not applied, which it should be able to see
         all_flags.append("tool_choice_ignored")
     version, version_flag = resolve_policy_version(gen.weight_version, ctx.policy_version)
-    if version_flag:
-        all_flags.append(version_flag)
-    heal, completion = plan.heal, gen.completion_ids
-    return ModelCall(
+    heal, completion = plan.heal, as_array(gen.completion_ids, np.int32, 1)
+    # a keep pause that swapped weights mid-call: the backend says which tokens each sampled
+    spans, spans_flag = capture_spans(gen.weight_spans, int(completion.shape[0]))
+    all_flags.extend(f for f in (version_flag, spans_flag) if f)
+    prompt = as_array(heal.prompt_ids, np.int32, 1)
+    experts = _experts(gen.routed_experts, prompt, completion)
+    # The arrays are coerced as the model's validators would; the rest is trusted data.
+    return new_call(
         call_id=call_id,
         session_id=ctx.session.session_id,
         index=0,
-        prompt_ids=heal.prompt_ids,
+        prompt_ids=prompt,
         completion_ids=completion,
-        logprobs=gen.logprobs,
-        routed_experts=_experts(gen.routed_experts, heal.prompt_ids, completion),
+        logprobs=as_array(gen.logprobs, np.float32, 1),
+        routed_experts=None if experts is None else as_array(experts, np.int16),
         finish_reason=answer.finish,
         sampling=plan.effective,
         trainable=not ctx.off_policy_blocked(plan.flags),
         off_policy=bool(plan.flags),
         flags=all_flags,
         policy_version=version,
+        weight_versions=spans,
         backend=backend.name,
         logprobs_mode="raw" if backend.kind == "vllm" else "processed",
         capture="tokens",

@@ -190,9 +190,9 @@ def ctx_runtime(ctx: ChatContext) -> TokensRuntime:
 
 def kind_refusal(backend: Backend) -> str:
     return (
-        f"capture='tokens' needs a token-in backend (vllm or sglang); backend "
+        f"capture='tokens' needs a token-in backend (vllm, sglang or tinker); backend "
         f"{backend.name!r} at {backend.url} is kind {backend.kind!r}. Register the server with "
-        "kind='vllm' or 'sglang', or create the session with capture='passthrough'"
+        "kind='vllm', 'sglang' or 'tinker', or create the session with capture='passthrough'"
     )
 
 

@@ -35,6 +35,7 @@
       card("failed calls", s.failed_calls),
       card("non-trainable calls", s.non_trainable_calls),
       card("off-policy calls", s.off_policy_calls, Object.entries(s.flags).map(([k, v]) => `${k} ${v}`).join(", ")),
+      card("stale calls", s.stale_calls, "sampled beyond max_staleness versions behind the trainer; not trained"),
       card("routed experts", pct(s.experts_coverage), `${s.calls_with_experts} calls, ${s.rows_with_experts} rows`),
       card("policy versions", Object.keys(s.policy_versions).length || "n/a",
         Object.entries(s.policy_versions).map(([k, v]) => `${k}: ${v}`).join(", ")),

@@ -1,0 +1,86 @@
+"""The ``rollwire.trainers: tinker`` plugin object (:class:`rollwire.plugins.protocols.TrainerAdapter`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from rollwire.plugins.protocols import Batch, ExportedRow
+from rollwire_tinker.datums import TinkerDatum, datum_rows, to_datums
+
+__all__ = ["TinkerAdapter", "adapter"]
+
+
+class TinkerAdapter:
+    """Converts rollwire batches to Tinker datums (``TinkerDatum``; ``.to_sdk()`` for the SDK's)."""
+
+    name = "tinker"
+    #: conversion needs no SDK: datums are plain arrays until ``to_sdk()``
+    requires: Sequence[str] = ()
+    #: the trainer's distribution: without it the adapter is "export only" (``rollwire plugins``)
+    framework = "tinker"
+    export_suffix = ".tinker.jsonl"
+
+    def convert(self, batch: Batch, **options: Any) -> list[TinkerDatum]:
+        """One datum per row of each completed rollout (options: those of ``to_datums``)."""
+        return to_datums(batch, **options).datums
+
+    def export(self, batch: Batch, path: str | Path, **options: Any) -> Path:
+        """JSONL: per line the datum as the SDK sends it and the row facts it came from."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        with tmp.open("wb") as f:
+            for line in datum_rows(self.convert(batch, **options)):
+                f.write(orjson.dumps(line))
+                f.write(b"\n")
+        tmp.replace(path)
+        return path
+
+    def flatten(self, converted: Any) -> list[ExportedRow]:
+        """The rows the datums train on, rebuilt from ``TinkerDatum``s or exported lines."""
+        out: list[ExportedRow] = []
+        for item in converted:
+            if isinstance(item, TinkerDatum):
+                tokens, logprobs = item.tokens, item.logprobs
+                meta: dict[str, Any] = {
+                    "rollout_id": item.rollout_id,
+                    "group_id": item.group_id,
+                    "prompt_len": item.prompt_len,
+                    "loss_mask": item.loss_mask,
+                    "reward": item.reward,
+                }
+            else:
+                meta = item["rollwire"]
+                datum = item["datum"]
+                inputs = datum["loss_fn_inputs"]
+                model_input = [t for c in datum["model_input"]["chunks"] for t in c["tokens"]]
+                target = inputs["target_tokens"]["data"]
+                tokens = np.asarray([*model_input, *target[-1:]], dtype=np.int64)
+                logprobs = np.asarray(inputs["logprobs"]["data"], dtype=np.float64)
+            split = int(meta["prompt_len"])
+            n_resp = tokens.shape[0] - split
+            resp_logprobs = np.zeros(n_resp, dtype=np.float64)
+            # target position j holds the log-prob of token j + 1
+            start = max(split - 1, 0)
+            resp_logprobs[n_resp - (logprobs.shape[0] - start) :] = logprobs[start:]
+            out.append(
+                ExportedRow(
+                    rollout_id=str(meta["rollout_id"]),
+                    group_id=meta["group_id"],
+                    prompt_ids=tokens[:split],
+                    response_ids=tokens[split:],
+                    loss_mask=np.asarray(meta["loss_mask"], dtype=np.int64),
+                    logprobs=resp_logprobs,
+                    reward=meta["reward"],
+                )
+            )
+        return out
+
+
+#: the object the ``rollwire.trainers`` entry point names.
+adapter = TinkerAdapter()

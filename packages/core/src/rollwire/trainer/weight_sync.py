@@ -1,0 +1,307 @@
+"""Weight sync: push a new policy into every inference server behind the gateway, verify that
+each one really serves it, then stamp the new version (docs/weight-sync.md).
+
+One :meth:`WeightSync.sync` call is the whole step, through the gateway's control plane (the
+trainer needs no server's address): pause every gateway on the store and drain their calls,
+push by each backend's transport, probe every server with a short greedy request and compare its
+log-probs with the trainer's own model, take a server that disagrees out of rotation, set the
+policy version, resume. A server is never stamped with a version it was not verified on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient
+
+__all__ = [
+    "DEFAULT_PROBE_IDS",
+    "BackendSync",
+    "Reference",
+    "SyncReport",
+    "WeightSync",
+    "WeightSyncError",
+]
+
+#: scores ``completion_ids`` after ``prompt_ids`` with the trainer's model: one log-prob per
+#: completion token (what the server's probe answer is compared with)
+Reference = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
+
+#: a short fixed prompt for models whose tokenizer the sync does not know (ids below 200 exist
+#: in every vocabulary rollwire serves); a trainer with a tokenizer passes its own
+DEFAULT_PROBE_IDS: tuple[int, ...] = (17, 42, 99, 7, 64, 120, 33, 5)
+
+#: backend kinds that have a weight transport (``openai`` is a hosted API: nothing to push)
+SYNC_KINDS = ("vllm", "sglang", "tinker")
+
+
+class WeightSyncError(RuntimeError):
+    """A sync (or the start-up check) failed; :attr:`report` says what each server did."""
+
+    def __init__(self, message: str, report: SyncReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class BackendSync:
+    """What one server did in one sync: pushed, probed, verified (or why not)."""
+
+    name: str
+    url: str
+    kind: str
+    pushed: bool = False
+    verified: bool = False
+    error: str | None = None
+    push_seconds: float = 0.0
+    probe_seconds: float = 0.0
+    #: the largest |server log-prob - trainer log-prob| over the probe's tokens
+    max_abs_diff: float | None = None
+    probe_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SyncReport:
+    """One sync: the version, each server's outcome and the time split."""
+
+    version: str | None
+    backends: list[BackendSync] = field(default_factory=list)
+    gateways: list[str] = field(default_factory=list)
+    pause_seconds: float = 0.0
+    push_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    resume_seconds: float = 0.0
+    resumed: bool = False
+
+    @property
+    def failed(self) -> list[BackendSync]:
+        """The servers that were not verified (taken out of rotation)."""
+        return [b for b in self.backends if not b.verified]
+
+    @property
+    def total_seconds(self) -> float:
+        """Pause + push + verify + resume."""
+        return self.pause_seconds + self.push_seconds + self.verify_seconds + self.resume_seconds
+
+    def summary(self) -> dict[str, Any]:
+        """Numbers for a metrics sink."""
+        return {
+            "sync/pause_s": self.pause_seconds,
+            "sync/push_s": self.push_seconds,
+            "sync/verify_s": self.verify_seconds,
+            "sync/resume_s": self.resume_seconds,
+            "sync/servers_verified": float(len(self.backends) - len(self.failed)),
+            "sync/servers_failed": float(len(self.failed)),
+            "sync/probe_max_abs_diff": max(
+                (b.max_abs_diff for b in self.backends if b.max_abs_diff is not None),
+                default=0.0,
+            ),
+        }
+
+
+class WeightSync:
+    """Pushes weights to every server the gateway routes to and verifies them.
+
+    ``reference`` scores the probe's tokens with the trainer's model (``None`` with
+    ``verify=False`` only: then a server that answers the probe counts as verified).
+    ``tolerance`` bounds the largest per-token log-prob difference a verified server may show.
+    ``mode="keep"`` lets calls in flight continue across the push (vLLM ``pause?mode=keep``;
+    their tokens carry two versions) instead of draining them first.
+    """
+
+    def __init__(
+        self,
+        gateway: GatewayClient | str,
+        *,
+        admin_key: str | None = None,
+        reference: Reference | None = None,
+        probe_ids: Sequence[int] = DEFAULT_PROBE_IDS,
+        probe_tokens: int = 4,
+        tolerance: float = 1e-3,
+        verify: bool = True,
+        mode: str = "drain",
+        pause_timeout: float = 120.0,
+        push_timeout: float = 600.0,
+    ) -> None:
+        if mode not in ("drain", "keep"):
+            raise ValueError(f"mode must be 'drain' or 'keep', got {mode!r}")
+        if verify and reference is None:
+            raise ValueError(
+                "WeightSync needs a reference (the trainer's model scoring the probe's tokens, "
+                "e.g. rollwire.trainer.references.engine_reference(folder)) to verify servers; "
+                "pass verify=False to trust the reload unchecked"
+            )
+        if probe_tokens < 1 or not probe_ids:
+            raise ValueError("the probe needs at least one prompt id and one token")
+        self.gateway = GatewayClient(gateway, admin_key) if isinstance(gateway, str) else gateway
+        self.reference = reference
+        self.probe_ids = [int(t) for t in probe_ids]
+        self.probe_tokens = probe_tokens
+        self.tolerance = tolerance
+        self.verify = verify
+        self.mode = mode
+        self.pause_timeout = pause_timeout
+        self.push_timeout = push_timeout
+        self.history: list[SyncReport] = []
+
+    # ------------------------------------------------------------------ public
+    def backends(self) -> list[dict[str, Any]]:
+        """The servers a sync pushes to (every non-quarantined backend); a kind that cannot
+        take weights is an error here, before any training step."""
+        found = [b for b in self.gateway.backends() if not b.get("quarantined")]
+        if not found:
+            raise ValueError(
+                f"the gateway at {self.gateway.url} routes to no server in rotation: add one "
+                "(POST /api/backends) before syncing weights"
+            )
+        bad = [b for b in found if b["kind"] not in SYNC_KINDS]
+        if bad:
+            names = ", ".join(f"{b['name']} ({b['kind']}, {b['url']})" for b in bad)
+            raise ValueError(
+                f"cannot push weights to {names}: only {SYNC_KINDS} backends take weights; "
+                "remove them from the gateway or let their own trainer update them"
+            )
+        return found
+
+    def check(self, reference: Reference | None = None) -> SyncReport:
+        """The start-up probe: every server against the trainer's model before step 1 (a
+        tokenizer, dtype or template mismatch is caught here). Raises on a mismatch."""
+        report = SyncReport(version=None)
+        t0 = time.perf_counter()
+        for b in self.backends():
+            entry = BackendSync(name=b["name"], url=b["url"], kind=b["kind"], pushed=True)
+            report.backends.append(entry)
+            self._verify(entry, reference or self.reference)
+        report.verify_seconds = time.perf_counter() - t0
+        report.resumed = True
+        self._fail_if_any(report, "start-up check")
+        return report
+
+    def sync(
+        self,
+        weights_path: str | Path,
+        version: str,
+        *,
+        reference: Reference | None = None,
+        seq: int | None = None,
+    ) -> SyncReport:
+        """Push ``weights_path`` (a Hugging Face folder every server can read), verify, stamp
+        ``version`` (with ordinal ``seq``, e.g. the trainer's step; default: one more than the
+        last, which ``max_staleness`` counts in). Raises :class:`WeightSyncError` naming every
+        server that failed."""
+        targets = self.backends()
+        report = SyncReport(version=str(version))
+        t0 = time.perf_counter()
+        began = self.gateway.sync_begin(drain=self.mode == "drain", timeout=self.pause_timeout)
+        report.gateways = list(began.get("gateways", []))
+        t1 = time.perf_counter()
+        report.pause_seconds = t1 - t0
+        try:
+            for b in targets:
+                entry = BackendSync(name=b["name"], url=b["url"], kind=b["kind"])
+                report.backends.append(entry)
+                self._push(entry, str(weights_path), str(version))
+            t2 = time.perf_counter()
+            report.push_seconds = t2 - t1
+            for entry in report.backends:
+                if entry.pushed:
+                    self._verify(entry, reference or self.reference)
+            t3 = time.perf_counter()
+            report.verify_seconds = t3 - t2
+        except BaseException:
+            # an unexpected failure (the gateway gone, an interrupt): the gateway stays paused,
+            # so nothing is served under a label whose weights were not verified
+            self.history.append(report)
+            raise
+        if any(e.verified for e in report.backends):
+            self.gateway.sync_end(version=str(version), seq=seq)
+            report.resumed = True
+        report.resume_seconds = time.perf_counter() - t3
+        self.history.append(report)
+        self._fail_if_any(report, f"sync to {version!r}")
+        return report
+
+    # ------------------------------------------------------------------ steps
+    def _push(self, entry: BackendSync, weights_path: str, version: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.gateway.push_weights(
+                entry.name,
+                weights_path=weights_path,
+                version=version,
+                keep=self.mode == "keep",
+                timeout=self.push_timeout,
+            )
+            entry.pushed = True
+        except Exception as exc:  # the server's state is unknown now: out of rotation
+            entry.error = f"push failed: {exc}"
+            self._quarantine(entry)
+        entry.push_seconds = time.perf_counter() - t0
+
+    def _verify(self, entry: BackendSync, reference: Reference | None) -> None:
+        t0 = time.perf_counter()
+        try:
+            answer = self.gateway.probe_backend(
+                entry.name, prompt_ids=self.probe_ids, max_tokens=self.probe_tokens
+            )
+        except Exception as exc:
+            entry.error = f"probe failed: {exc}"
+            self._quarantine(entry)
+            entry.probe_seconds = time.perf_counter() - t0
+            return
+        ids = [int(t) for t in answer["completion_ids"]]
+        served = [float(x) for x in answer["logprobs"]]
+        entry.probe_ids = ids
+        if reference is not None and self.verify:
+            expected = [float(x) for x in reference(self.probe_ids, ids)]
+            if len(expected) != len(served):
+                entry.error = (
+                    f"the reference scored {len(expected)} tokens for a probe of {len(served)}"
+                )
+                self._quarantine(entry)
+                entry.probe_seconds = time.perf_counter() - t0
+                return
+            diffs = [abs(a - b) for a, b in zip(served, expected, strict=True)]
+            entry.max_abs_diff = max(diffs) if diffs else 0.0
+            if not all(math.isfinite(d) for d in diffs) or entry.max_abs_diff > self.tolerance:
+                entry.error = (
+                    f"the server's log-probs differ from the trainer's model by up to "
+                    f"{entry.max_abs_diff:.3g} (tolerance {self.tolerance:g}) on the probe "
+                    f"{self.probe_ids} -> {ids}: served {_fmt(served)}, trainer {_fmt(expected)}"
+                )
+                self._quarantine(entry)
+                entry.probe_seconds = time.perf_counter() - t0
+                return
+        entry.verified = True
+        entry.probe_seconds = time.perf_counter() - t0
+
+    def _quarantine(self, entry: BackendSync) -> None:
+        try:
+            self.gateway.quarantine_backend(entry.name, reason=entry.error or "weight sync failed")
+        except GatewayAPIError as exc:
+            entry.error = f"{entry.error}; taking it out of rotation failed too: {exc}"
+
+    def _fail_if_any(self, report: SyncReport, what: str) -> None:
+        if not report.failed:
+            return
+        lines = [f"  {b.name} ({b.url}): {b.error}" for b in report.failed]
+        state = (
+            "the gateway resumed on the verified servers"
+            if report.resumed
+            else "no server was verified, so the gateway stays paused (calls wait, none is "
+            "lost): fix the servers and sync again, or POST /api/resume"
+        )
+        raise WeightSyncError(
+            f"{what}: {len(report.failed)} of {len(report.backends)} servers failed and were "
+            f"taken out of rotation; {state}:\n" + "\n".join(lines),
+            report,
+        )
+
+
+def _fmt(values: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{v:.5f}" for v in values) + "]"

@@ -1,0 +1,82 @@
+"""Per-call shortcuts of the data plane behave as what they replace."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from rollwire.data.protocol import ModelCall
+from rollwire.gateway.dataplane import commit, hangups
+
+
+class _Flow:
+    def __init__(self) -> None:
+        self.resumed = 0
+
+    def resume_reading(self) -> None:
+        self.resumed += 1
+
+
+class _Cycle:
+    """The part of uvicorn's request cycle the hang-up check reads."""
+
+    def __init__(self) -> None:
+        self.disconnected = False
+        self.flow = _Flow()
+
+    async def receive(self) -> dict[str, Any]:
+        raise AssertionError("the connection's own flag is read: receive() is never called")
+
+
+async def test_uvicorn_cycle_flag_needs_no_task_per_call() -> None:
+    cycle = _Cycle()
+    tasks = len(asyncio.all_tasks())
+    hangup = hangups.watch(cycle.receive)
+    assert len(asyncio.all_tasks()) == tasks
+    assert cycle.flow.resumed == 1  # a paused transport would never see the agent go
+    assert not hangup.is_set()
+    cycle.disconnected = True  # what uvicorn's connection_lost does
+    assert hangup.is_set()
+    hangup.stop()
+
+
+async def test_other_servers_get_a_watcher_on_receive() -> None:
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    hangup = hangups.watch(receive)
+    await asyncio.sleep(0)
+    assert not hangup.is_set()
+    gone.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert hangup.is_set()
+    hangup.stop()
+    stopped = hangups.watch(receive)
+    stopped.stop()
+    await asyncio.sleep(0)
+    assert not stopped.is_set()
+
+
+def test_new_call_is_model_construct_with_every_field() -> None:
+    fields = {"call_id": "c", "session_id": "s", "index": 0, "sampling": {"t": 1}, "stream": True}
+    fast = commit.new_call(**fields)
+    slow = ModelCall.model_construct(None, **{**commit._CALL_DEFAULTS, **fields})
+    assert list(fast.__dict__) == list(slow.__dict__)
+    for name, value in slow.__dict__.items():
+        got = fast.__dict__[name]
+        assert np.array_equal(got, value) if isinstance(value, np.ndarray) else got == value
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.model_dump_json() == slow.model_dump_json()
+    # Mutable defaults are the call's own.
+    fast.flags.append("x")
+    fast.request["k"] = 1
+    again = commit.new_call(**fields)
+    assert again.flags == [] and again.request == {}
+    fast.latency_ms = 2.5  # assignment goes through pydantic as on any model
+    assert fast.latency_ms == 2.5 and "latency_ms" in fast.model_fields_set

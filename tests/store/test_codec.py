@@ -1,0 +1,63 @@
+"""The shared call encoding: what the writers remember of a session stays bounded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rollwire.store import codec
+from rollwire.testing.store import make_call
+
+
+def _history(turns: int) -> list[dict[str, Any]]:
+    messages = [{"role": "system", "content": "be brief " * 50}]
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"question {t} " * 40})
+        messages.append({"role": "assistant", "content": f"answer {t} " * 40})
+    return messages
+
+
+def test_recent_calls_hold_the_shared_history_once() -> None:
+    """Each call's request is parsed afresh (equal messages, new objects); the session's recent
+    calls must not keep one parse of the whole history each, only their new messages."""
+    deltas, cache = codec.SessionDeltas(0), codec.DeltaCache()
+    cache.put("s", deltas)
+    for turn in range(1, 9):
+        messages = json.loads(json.dumps(_history(turn)))  # as a request body is parsed
+        call = make_call("s", list(range(10 * turn)), [1, 2], messages=messages)
+        call.call_id = f"c{turn}"
+        enc = codec.encode_call(call, deltas)
+        codec.remember_encoded(call, enc, deltas, cache)
+        assert enc.shared_messages == (0 if turn == 1 else len(messages) - 2)
+    first = deltas.recent[0].messages_after
+    last = deltas.recent[-1].messages_after
+    assert last == _history(8)
+    # The system message and the first turn are the very objects of the first call's parse.
+    assert all(a is b for a, b in zip(first, last))
+    distinct = {id(m) for r in deltas.recent for m in r.messages_after}
+    assert len(distinct) == len(last)  # every message held once, however many calls share it
+    # Forgetting the last two calls (a refused write) goes back to the history of the sixth.
+    assert deltas.truncate(6)
+    assert deltas.last_messages == _history(6)
+
+
+def test_parent_search_skips_calls_too_short_to_win_and_finds_the_same_parent() -> None:
+    import numpy as np
+
+    from rollwire.data.protocol import find_parent
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        deltas = codec.SessionDeltas(0)
+        base = rng.integers(0, 5, size=int(rng.integers(0, 40))).astype(np.int32)
+        for i in range(int(rng.integers(1, 20))):
+            cut = int(rng.integers(0, base.shape[0] + 1))
+            prompt = np.concatenate([base[:cut], rng.integers(0, 5, size=int(rng.integers(0, 9)))])
+            completion = rng.integers(0, 5, size=int(rng.integers(0, 5))).astype(np.int32)
+            deltas.remember(f"c{i}", i, prompt.astype(np.int32), completion, None)
+            base = np.concatenate([prompt, completion]).astype(np.int32)
+        query = np.concatenate([base, rng.integers(0, 5, size=3)]).astype(np.int32)
+        query = query[: int(rng.integers(0, query.shape[0] + 1))]
+        want, want_len = find_parent(query, deltas.recent)  # type: ignore[arg-type]
+        got, got_len = codec._find_parent(query, deltas.recent)
+        assert (got_len, got) == (want_len, want)

@@ -1,0 +1,140 @@
+"""WeightSync against real vLLM (CPU build, dev mode): a dense Llama model reloads exactly and is
+verified; the in-place reload of a Mixtral MoE model on CPU is corrupt, and the probe catches it.
+
+Each test starts its own vLLM server (a reload changes what the group's shared server serves).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+from rollwire.engine import ModelConfig, TinyModel
+from rollwire.engine.hf_export import save_hf
+from rollwire.gateway import RunningGateway, serve_in_thread
+from rollwire.trainer.references import transformers_reference
+from rollwire.trainer.weight_sync import WeightSync, WeightSyncError
+
+from ._server import VLLMServer
+
+
+def _llama_folder(path: Path, tokenizer_folder: Path, *, seed: int, noise: float = 0.0) -> Path:
+    """A small dense Llama with the engine's tokenizer, random weights from ``seed``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = TinyModel(ModelConfig(seed=0)).tokenizer
+    cfg = LlamaConfig(
+        vocab_size=TinyModel(ModelConfig(seed=0)).config.vocab_size,
+        hidden_size=128,  # head_dim 32: vLLM's CPU attention has no kernel for 16
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tok.eos_id,
+        pad_token_id=tok.pad_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else None
+        if noise:
+            gen = torch.Generator().manual_seed(seed + 1)
+            model.lm_head.weight.add_(
+                torch.randn(model.lm_head.weight.shape, generator=gen) * noise
+            )
+    model.save_pretrained(path, safe_serialization=True)
+    for src in tokenizer_folder.iterdir():
+        if src.is_file() and src.name not in (
+            "config.json",
+            "model.safetensors",
+            "generation_config.json",
+        ):
+            shutil.copyfile(src, path / src.name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("llama")
+    return {
+        "a": _llama_folder(root / "a", model_dir, seed=0),
+        "b": _llama_folder(root / "b", model_dir, seed=0, noise=0.5),
+    }
+
+
+def _greedy(gw: RunningGateway, text: str = "hello there") -> tuple[list[float], str | None]:
+    with gw.client() as c:
+        h = c.create_session(sampling={"temperature": 0.0, "max_tokens": 6})
+        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+        oai.chat.completions.create(model="policy", messages=[{"role": "user", "content": text}])
+        (call,) = c.calls(h.session_id)
+        return [float(x) for x in call.logprobs], call.policy_version
+
+
+@pytest.fixture()
+def dense(llama: dict[str, Path], artifacts: Path) -> Iterator[tuple[VLLMServer, RunningGateway]]:
+    log = artifacts / "vllm-dense.log"
+    with (
+        VLLMServer(llama["a"], log, served_name="tiny-llama") as server,
+        serve_in_thread(backends=[(server.url, "vllm")]) as gw,
+    ):
+        yield server, gw
+
+
+@pytest.mark.timeout(900)  # a vLLM start takes minutes when the two cores are busy
+def test_dense_model_sync_is_exact_and_verified(
+    dense: tuple[VLLMServer, RunningGateway], llama: dict[str, Path]
+) -> None:
+    _, gw = dense
+    with gw.client() as c:
+        c.sync_weight_version("v0")
+        sync = WeightSync(c, reference=transformers_reference(llama["a"]), tolerance=1e-4)
+        sync.check()
+        before, v_before = _greedy(gw)
+        ref_b = transformers_reference(llama["b"])
+        report = sync.sync(llama["b"], "v1", reference=ref_b)
+        (entry,) = report.backends
+        assert entry.verified and entry.max_abs_diff is not None and entry.max_abs_diff < 1e-5
+        after, v_after = _greedy(gw)
+        assert (v_before, v_after) == ("v0", "v1")
+        assert not np.allclose(before, after, atol=1e-3)
+        report = sync.sync(llama["a"], "v2", reference=transformers_reference(llama["a"]))
+        restored, v_restored = _greedy(gw)
+        assert v_restored == "v2"
+        np.testing.assert_allclose(restored, before, atol=1e-6)
+        print(f"\ndense sync: {report.summary()}")
+
+
+@pytest.mark.timeout(900)
+def test_the_cpu_moe_reload_corruption_is_caught(model_dir: Path, artifacts: Path) -> None:
+    # the engine's Mixtral folder, reloaded in place from the *identical* files
+    same = model_dir.parent / "mixtral-same"
+    if not same.exists():
+        save_hf(TinyModel(ModelConfig(seed=0)), same)
+    log = artifacts / "vllm-moe-reload.log"
+    with (
+        VLLMServer(same, log, served_name="tiny-moe") as server,
+        serve_in_thread(backends=[(server.url, "vllm")]) as gw,
+        gw.client() as c,
+    ):
+        c.sync_weight_version("v0")
+        sync = WeightSync(c, reference=transformers_reference(same), tolerance=1e-3)
+        sync.check()  # before any reload, vLLM serves what transformers computes
+        with pytest.raises(WeightSyncError) as err:
+            sync.sync(same, "v1")
+        message = str(err.value)
+        assert server.url in message and "differ" in message
+        (backend,) = c.backends()
+        assert backend["quarantined"]
+        assert c.get_policy_version() == "v0"
+        print(f"\nMoE reload caught: {message}")
