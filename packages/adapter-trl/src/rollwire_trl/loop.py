@@ -50,12 +50,16 @@ class TrainSpec:
     tasks_per_step: int = 4
     group_size: int = 8
     learning_rate: float = 1e-3
+    #: AdamW's first-moment decay. 0 (no momentum): a step whose groups all tie (no advantage,
+    #: no gradient) leaves the weights alone, where momentum would keep pushing them along the
+    #: last update's direction — seen to wreck a solved policy of the tiny model in a few steps
+    adam_beta1: float = 0.0
     beta: float = 0.0
     temperature: float = 1.0
     max_tokens: int = 8
-    warmup_steps: int = 60
+    warmup_steps: int = 150
     warmup_learning_rate: float = 3e-3
-    teacher_accuracy: float = 0.5
+    teacher_accuracy: float = 0.3
     eval_every: int = 5
     eval_size: int = 64
     eval_k: int = 4

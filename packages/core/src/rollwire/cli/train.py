@@ -156,14 +156,14 @@ def train(
         8, "--max-tokens", metavar="N", help="Max tokens per model call."
     ),
     warmup_steps: int = typer.Option(
-        60,
+        150,
         "--warmup-steps",
         min=0,
         metavar="N",
         help="Supervised warm-up steps on the task's teacher conversations (the embedded model only).",
     ),
     teacher_accuracy: float = typer.Option(
-        0.5,
+        0.3,
         "--teacher-accuracy",
         min=0.0,
         max=1.0,

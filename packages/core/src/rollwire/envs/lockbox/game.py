@@ -86,7 +86,7 @@ def score(answer: str | None, code: int) -> float:
 
 
 def warmup_conversations(
-    n: int, *, teacher_accuracy: float = 0.5, seed: int = 0
+    n: int, *, teacher_accuracy: float = 0.3, seed: int = 0
 ) -> list[list[dict[str, str]]]:
     """``n`` teacher conversations on the training split, for the supervised warm-up: ``read``,
     the code, then the code itself with probability ``teacher_accuracy``, else a random digit."""
