@@ -199,11 +199,12 @@ def train(
         False, "--resume", help="Continue the run in --out from its newest checkpoint."
     ),
     threads: int = typer.Option(
-        None,
+        1,
         "--threads",
         min=1,
         metavar="N",
-        help="torch threads (default: torch's; 1 on a busy machine).",
+        help="torch threads: the embedded model's ops are too small to gain from more (and lose "
+        "a lot on a busy machine); raise it for a real --model.",
     ),
     metrics: str = typer.Option(
         None, "--metrics", metavar="SINK", help="tensorboard:DIR, mlflow:URI or wandb:DIR."
@@ -223,10 +224,9 @@ def train(
         warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_logs(verbose)
     adapter = _adapter()
-    if threads is not None:
-        import torch
+    import torch
 
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
     options = {k: v for k, v in locals().items() if k not in ("adapter", "threads", "torch")}
     options["tasks"], options["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
     options["log"] = lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)
