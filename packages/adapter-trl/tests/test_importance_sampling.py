@@ -18,6 +18,8 @@ from rollwire.envs.lockbox import make_tasks
 
 CLIP_MIN, CLIP_MAX = 0.5, 1.5
 GROUP = 4
+#: a first rollout through a cold gateway, TRL's set-up, on a loaded 2-core machine
+pytestmark = pytest.mark.timeout(900)
 
 
 def _trainer(

@@ -20,7 +20,11 @@ class TrlAdapter:
     """rollwire rollouts → the dict TRL's ``rollout_func`` returns (see :mod:`rollwire_trl.samples`)."""
 
     name = "trl"
-    requires: tuple[str, ...] = ("trl>=1.16,<1.17", "torch>=2.4", "transformers>=4.56")
+    #: conversion needs no framework: without TRL the adapter exports (``rollwire plugins``:
+    #: "export only"); :meth:`train` needs :attr:`train_requires`
+    requires: tuple[str, ...] = ()
+    framework = "trl"
+    train_requires: tuple[str, ...] = ("trl>=1.16,<1.17", "torch>=2.4", "transformers>=4.56")
     #: one JSON object per sample: the rollout_func keys of that sample
     export_suffix = ".rollout_func.jsonl"
 

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import orjson
 
-from rollwire_trl.policy import StartingPolicy, latest_checkpoint, warmed_up_policy
+from rollwire_trl.policy import StartingPolicy, resumed_policy, warmed_up_policy
 from rollwire_trl.steps import EvalPoint, StepRecord, read_steps, write_step
-from rollwire_trl.sync import SyncHook
+from rollwire_trl.sync import SyncHook, copy_tokenizer
 
 __all__ = ["TASKS", "TrainResult", "TrainSpec", "train"]
 
@@ -31,7 +31,7 @@ TASKS: dict[str, dict[str, str]] = {
         "module": "rollwire.envs.lockbox",
     },
 }
-#: settings of the built-in task found to lift held-out pass@1 far in a few minutes (docs/train.md)
+#: TRL's importance-sampling modes, and "off"
 IMPORTANCE_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off")
 
 
@@ -46,26 +46,31 @@ class TrainSpec:
     eval_tasks: list[dict[str, Any]] | None = None
     model: Path | None = None
     backend: str | None = None
-    steps: int = 40
-    tasks_per_step: int = 8
+    steps: int = 20
+    tasks_per_step: int = 4
     group_size: int = 8
     learning_rate: float = 1e-3
+    #: AdamW's first-moment decay. 0 (no momentum): a step whose groups all tie (no advantage,
+    #: no gradient) leaves the weights alone, where momentum would keep pushing them along the
+    #: last update's direction — seen to wreck a solved policy of the tiny model in a few steps
+    adam_beta1: float = 0.0
     beta: float = 0.0
     temperature: float = 1.0
     max_tokens: int = 8
-    warmup_steps: int = 120
+    warmup_steps: int = 150
     warmup_learning_rate: float = 3e-3
     teacher_accuracy: float = 0.3
-    eval_every: int = 10
+    eval_every: int = 5
     eval_size: int = 64
     eval_k: int = 4
     importance_sampling: str = "token_truncate"
     is_clip_max: float = 3.0
-    save_every: int = 10
+    save_every: int = 5
     seed: int = 0
     resume: bool = False
     metrics: str | None = None
     progress: bool = True
+    verbose: bool = False
     concurrency: int = 64
     #: replaces the default sync (reload on every server + policy version) — e.g. WeightSync.sync
     sync: SyncHook | None = None
@@ -121,15 +126,8 @@ def _datasets(spec: TrainSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
 
 def _starting_policy(spec: TrainSpec) -> StartingPolicy:
-    if spec.resume:
-        found = latest_checkpoint(spec.out / "checkpoints")
-        if found is None:
-            raise ValueError(f"--resume: no checkpoint under {spec.out / 'checkpoints'} to resume")
-        start = _starting_policy_fresh(spec)
-        return StartingPolicy(
-            found[0], found[1], start.warmup_steps, start.warmup_loss, 0.0, start.folder
-        )
-    return _starting_policy_fresh(spec)
+    start = _starting_policy_fresh(spec)
+    return resumed_policy(spec.out, start) if spec.resume else start
 
 
 def _starting_policy_fresh(spec: TrainSpec) -> StartingPolicy:
@@ -222,6 +220,10 @@ def train(spec: TrainSpec) -> TrainResult:
             f"importance_sampling must be one of {IMPORTANCE_MODES}, got {spec.importance_sampling!r}"
         )
     started = time.perf_counter()
+    if not spec.verbose:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # weight loading and saving, at every step
     _prepare_out(spec)
     train_tasks, held = _datasets(spec)
     policy = _starting_policy(spec)
@@ -247,7 +249,8 @@ def train(spec: TrainSpec) -> TrainResult:
             spec, policy, client, gateway, server_url, train_tasks, evaluate, emit, progress
         )
         try:
-            trainer.train(resume_from_checkpoint=str(policy.folder) if spec.resume else None)
+            checkpoint = policy.checkpoint
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         finally:
             progress.close()
             client.close()
@@ -256,13 +259,16 @@ def train(spec: TrainSpec) -> TrainResult:
             evals.append(final)
         final_dir = spec.out / "final"
         trainer.save_model(str(final_dir))
-        _copy_tokenizer(policy.tokenizer_folder, final_dir)
+        copy_tokenizer(policy.tokenizer_folder, final_dir)
     result = TrainResult(
         baseline, final, records, policy, final_dir, time.perf_counter() - started, evals
     )
     (spec.out / "summary.json").write_bytes(
         orjson.dumps(result.summary(), option=orjson.OPT_INDENT_2)
     )
+    from rollwire.report.training import write_training_report
+
+    write_training_report(spec.out)
     return result
 
 
@@ -286,13 +292,3 @@ def _as_record(raw: dict[str, Any]) -> StepRecord:
     record = StepRecord(**raw)
     record.eval = EvalPoint(**ev) if ev else None
     return record
-
-
-def _copy_tokenizer(src: Path, dst: Path) -> None:
-    import shutil
-
-    from rollwire_trl.sync import _TOKENIZER_FILES
-
-    for name in _TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, dst / name)

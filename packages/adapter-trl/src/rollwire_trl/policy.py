@@ -26,6 +26,8 @@ class StartingPolicy:
     warmup_seconds: float = 0.0
     #: the folder whose tokenizer files the servers read (the fresh start's, also on a resume)
     tokenizer_dir: Path | None = None
+    #: the TRL checkpoint a resumed run continues (optimizer, scheduler, RNG, trainer state)
+    checkpoint: Path | None = None
 
     @property
     def tokenizer_folder(self) -> Path:
@@ -44,6 +46,27 @@ def latest_checkpoint(folder: Path) -> tuple[Path, int] | None:
         return None
     step, path = max(found)
     return path, step
+
+
+def resumed_policy(out: Path, start: StartingPolicy) -> StartingPolicy:
+    """The newest checkpoint under ``out/checkpoints`` as a model folder a server loads (its
+    weights with ``start``'s tokenizer files), to resume from."""
+    import shutil
+
+    from rollwire_trl.sync import copy_tokenizer
+
+    found = latest_checkpoint(out / "checkpoints")
+    if found is None:
+        raise ValueError(f"--resume: no checkpoint under {out / 'checkpoints'} to resume")
+    checkpoint, step = found
+    folder = out / "policy" / f"resume-{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(checkpoint / name, folder / name)
+    copy_tokenizer(start.tokenizer_folder, folder)
+    return StartingPolicy(
+        folder, step, start.warmup_steps, start.warmup_loss, 0.0, start.folder, checkpoint
+    )
 
 
 def warmed_up_policy(

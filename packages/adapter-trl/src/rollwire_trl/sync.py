@@ -19,7 +19,14 @@ from typing import Any
 import httpx
 from transformers import TrainerCallback
 
-__all__ = ["SyncHook", "SyncRecord", "WeightSyncCallback", "http_weight_sync"]
+__all__ = [
+    "SyncHook",
+    "SyncRecord",
+    "WeightSyncCallback",
+    "copy_tokenizer",
+    "http_weight_sync",
+    "save_policy",
+]
 
 #: ``sync(weights_dir, version)``: make every server serve the folder, labelled ``version``
 SyncHook = Callable[[Path, str], Any]
@@ -113,13 +120,17 @@ def save_policy(
     unwrapped = getattr(model, "module", model)
     unwrapped.save_pretrained(folder, safe_serialization=True)
     if tokenizer_dir is not None:
-        for name in _TOKENIZER_FILES:
-            src = tokenizer_dir / name
-            if src.is_file():
-                shutil.copyfile(src, folder / name)
+        copy_tokenizer(tokenizer_dir, folder)
     elif tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return folder
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """The tokenizer files a server reads, from the model folder ``src`` into ``dst``."""
+    for name in _TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
 
 
 def http_weight_sync(

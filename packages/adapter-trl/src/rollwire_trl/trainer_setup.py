@@ -36,6 +36,7 @@ def grpo_config(spec: TrainSpec) -> Any:
         num_iterations=1,
         max_steps=spec.steps,
         learning_rate=spec.learning_rate,
+        adam_beta1=spec.adam_beta1,
         lr_scheduler_type="constant",
         weight_decay=0.0,
         beta=spec.beta,

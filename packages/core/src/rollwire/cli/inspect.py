@@ -20,7 +20,9 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 def inspect(
     rollouts: Path = typer.Argument(
-        None, exists=True, dir_okay=False, help="Rollouts JSONL written by `rollwire run`."
+        None,
+        exists=True,
+        help="Rollouts JSONL written by `rollwire run`, or a `rollwire train` run folder.",
     ),
     out: Path = typer.Option(None, "--out", "-o", help="Report path (default: ROLLOUTS.html)."),
     tokenizer: str = typer.Option(
@@ -40,7 +42,11 @@ def inspect(
         None, "--admin-key", envvar="ROLLWIRE_ADMIN_KEY", help="Admin key of --gateway."
     ),
 ) -> None:
-    """Write a self-contained HTML report of what a batch of rollouts would train."""
+    """Write a self-contained HTML report of what a batch of rollouts would train (or, for a
+    `rollwire train` folder, of how the run learned)."""
+    if rollouts is not None and rollouts.is_dir():
+        _training(rollouts, out)
+        return
     from rollwire.report.tokenizers import load_tokenizer
     from rollwire.report.tokens import ReportTokenizer
 
@@ -62,6 +68,16 @@ def inspect(
     if rollouts is None:
         raise _fail("give a rollouts JSONL file, or --session ID --gateway URL")
     _html(rollouts, out, tok, mode, failure_reward)
+
+
+def _training(run: Path, out: Path | None) -> None:
+    from rollwire.report.training import write_training_report
+
+    try:
+        path = write_training_report(run, out)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"wrote {path}: the reward curve, pass rate per step and time split of {run}")
 
 
 def _html(

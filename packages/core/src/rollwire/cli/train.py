@@ -9,6 +9,7 @@ machine without torch gets one line saying what to install.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollwire.cli.errors import fail
+from rollwire.cli.run import quiet_logs
 
 __all__ = ["INSTALL_HINT", "train"]
 
@@ -32,7 +34,7 @@ INSTALL_HINT = (
 
 
 def _adapter() -> Any:
-    from rollwire.plugins import PluginError, load_trainer
+    from rollwire.plugins import PluginError, check_requirements, load_trainer
 
     try:
         adapter = load_trainer("trl")
@@ -40,6 +42,9 @@ def _adapter() -> Any:
         raise fail(f"{exc}. {INSTALL_HINT}") from exc
     if not callable(getattr(adapter, "train", None)):
         raise fail("the installed trl plugin has no train(): upgrade rollwire-trl")
+    problems = check_requirements(getattr(adapter, "train_requires", ()))
+    if problems:
+        raise fail(f"{'; '.join(problems)}. {INSTALL_HINT}")
     return adapter
 
 
@@ -76,6 +81,7 @@ def _summary(result: Any, out: Path) -> Table:
     table.add_row("wall time", f"{result.wall_s:.0f} s")
     table.add_row("trained policy", str(result.final_dir))
     table.add_row("per-step log", str(out / "steps.jsonl"))
+    table.add_row("report (curves)", str(out / "report.html"))
     return table
 
 
@@ -127,9 +133,9 @@ def train(
         metavar="URL",
         help="A vLLM server (VLLM_SERVER_DEV_MODE=1) serving --model, instead of the embedded engine.",
     ),
-    steps: int = typer.Option(40, "--steps", min=1, metavar="N", help="Optimizer steps."),
+    steps: int = typer.Option(20, "--steps", min=1, metavar="N", help="Optimizer steps."),
     tasks_per_step: int = typer.Option(
-        8, "--tasks-per-step", min=1, metavar="N", help="Task groups rolled out per step."
+        4, "--tasks-per-step", min=1, metavar="N", help="Task groups rolled out per step."
     ),
     group_size: int = typer.Option(
         8, "--group-size", "-n", min=2, metavar="N", help="Rollouts per task (the GRPO group)."
@@ -150,7 +156,7 @@ def train(
         8, "--max-tokens", metavar="N", help="Max tokens per model call."
     ),
     warmup_steps: int = typer.Option(
-        120,
+        150,
         "--warmup-steps",
         min=0,
         metavar="N",
@@ -165,7 +171,7 @@ def train(
         help="How often the warm-up's teacher is right.",
     ),
     eval_every: int = typer.Option(
-        10,
+        5,
         "--eval-every",
         min=0,
         metavar="N",
@@ -184,7 +190,7 @@ def train(
         help="TRL's correction against the captured log-probs: token_truncate, token_mask, sequence_truncate, sequence_mask or off.",
     ),
     save_every: int = typer.Option(
-        10, "--save-every", min=1, metavar="N", help="Checkpoint every N steps."
+        5, "--save-every", min=1, metavar="N", help="Checkpoint every N steps."
     ),
     seed: int = typer.Option(
         0, "--seed", metavar="INT", help="Seed of the model, the tasks and the trainer."
@@ -193,30 +199,37 @@ def train(
         False, "--resume", help="Continue the run in --out from its newest checkpoint."
     ),
     threads: int = typer.Option(
-        None,
+        1,
         "--threads",
         min=1,
         metavar="N",
-        help="torch threads (default: torch's; 1 on a busy machine).",
+        help="torch threads: the embedded model's ops are too small to gain from more (and lose "
+        "a lot on a busy machine); raise it for a real --model.",
     ),
     metrics: str = typer.Option(
         None, "--metrics", metavar="SINK", help="tensorboard:DIR, mlflow:URI or wandb:DIR."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Log rollwire's and TRL's messages."
+    ),
 ) -> None:
     """Train the policy with GRPO (TRL) on rollouts captured by the gateway, syncing the server's
     weights after every step; report held-out pass@1 before step 1 and after the last."""
     if (agent is None) != (tasks is None) or (agent is not None and eval_tasks is None):
         raise fail("--agent, --tasks and --eval-tasks go together (the built-in --task needs none)")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's notice, every run
+    if not verbose:  # the step lines say what happens; library chatter would bury them
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+    quiet_logs(verbose)
     adapter = _adapter()
-    if threads is not None:
-        import torch
+    import torch
 
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
     options = {k: v for k, v in locals().items() if k not in ("adapter", "threads", "torch")}
     options["tasks"], options["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
-    options["log"] = lambda line: console.print(line, markup=False, highlight=False)
+    options["log"] = lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)
     try:
         result = adapter.train(**options)
     except ValueError as exc:
