@@ -131,6 +131,36 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "Where the verl test venv lives (default `.venv-verl`).",
     ),
     (
+        "ROLLWIRE_STEP_CREDIT",
+        "verl agent loop, slime hooks",
+        "Step rewards onto each call's tokens: `broadcast` or `discounted:GAMMA` (unset: none).",
+    ),
+    (
+        "ROLLWIRE_TRL_VENV",
+        "packages/adapter-trl/ci/*.sh",
+        "Where the TRL venv (`rollwire train`'s torch and TRL) lives (default `.venv-trl`).",
+    ),
+    (
+        "ROLLWIRE_REQUIRE_TRL",
+        "packages/adapter-trl tests",
+        "`1` (ci/run-tests.sh): a missing `trl` is an error, not a skipped test.",
+    ),
+    (
+        "ROLLWIRE_SEEDS_OUT",
+        "packages/adapter-trl/ci/seeds.sh",
+        "Folder the seed-spread runs are written to (default: a new temporary folder).",
+    ),
+    (
+        "ROLLWIRE_TINKER_VENV",
+        "packages/adapter-tinker/ci/*.sh",
+        "Where the Tinker venv (SkyRL's local Tinker server) lives (default `.venv-tinker`).",
+    ),
+    (
+        "ROLLWIRE_TINKER_PYTHON",
+        "packages/adapter-tinker/ci/setup-venv.sh",
+        "Python that venv is built from (default `python3.11`).",
+    ),
+    (
         "ROLLWIRE_TORCH_VERSION",
         "packages/adapter-verl/ci/setup-venv.sh",
         "CPU torch version of that venv (default 2.13.0).",
