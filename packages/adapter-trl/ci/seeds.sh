@@ -7,6 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 VENV="${ROLLWIRE_TRL_VENV:-$ROOT/.venv-trl}"
 OUT="${ROLLWIRE_SEEDS_OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
 SEEDS=("$@")
 [[ ${#SEEDS[@]} -eq 0 ]] && SEEDS=(0 1 2 3)
 for seed in "${SEEDS[@]}"; do
