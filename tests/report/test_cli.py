@@ -142,3 +142,35 @@ def test_eval_errors_say_what_is_wrong() -> None:
     assert result.exit_code == 2 and "--tasks" in result.output
     result = runner.invoke(app, ["eval", "--demo", "1", "--k", "2", "--pass-k", "5"])
     assert result.exit_code == 2 and "1 <= k <= 2" in " ".join(result.output.split())
+
+
+def test_eval_serves_a_model_folder_in_the_embedded_engine(tmp_path: Path) -> None:
+    from rollwire.engine.hf_export import save_hf
+    from rollwire.engine.model import ModelConfig, TinyModel
+    from rollwire.envs.lockbox import make_tasks
+
+    tasks = tmp_path / "heldout.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in make_tasks(2, "heldout", 1)))
+    first_tokens = []
+    for seed in (0, 5):  # two different models, as Hugging Face folders (rollwire train's)
+        folder = save_hf(TinyModel(ModelConfig(seed=seed)), tmp_path / f"model-{seed}")
+        rollouts = tmp_path / f"eval-{seed}.jsonl"
+        result = runner.invoke(
+            app,
+            ["eval", "--agent", "rollwire.envs.lockbox.agent_openai:app", "--tasks", str(tasks),
+             "--backend", f"embedded:{folder}", "-t", "0", "--max-tokens", "4", "--k", "1",
+             "--out", str(tmp_path / f"eval-{seed}.json"), "--rollouts", str(rollouts),
+             "--no-progress"],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        first = orjson.loads(rollouts.read_bytes().splitlines()[0])
+        first_tokens.append(first["calls"][0]["completion_ids"])
+    assert first_tokens[0] != first_tokens[1]  # each run sampled from its own folder's weights
+    missing = runner.invoke(
+        app,
+        ["eval", "--agent", "rollwire.envs.lockbox.agent_openai:app", "--tasks", str(tasks),
+         "--backend", f"embedded:{tmp_path / 'nope'}", "--no-progress",
+         "--out", str(tmp_path / "x.json")],
+    )  # fmt: skip
+    assert missing.exit_code != 0
+    assert "no such model folder" in " ".join(missing.output.split())

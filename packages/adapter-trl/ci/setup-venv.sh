@@ -31,7 +31,11 @@ if ! command -v uv >/dev/null 2>&1; then
 fi
 if [[ ! -x "$PY" ]]; then
   log "creating $VENV"
-  uv venv -q -p 3.11 "$VENV"
+  # 3.11 where uv finds one (CI's find-links hold cp311 wheels), else the python3 on PATH:
+  # never a Python downloaded by uv
+  PYVER=3.11
+  uv python find --no-python-downloads 3.11 >/dev/null 2>&1 || PYVER="$(command -v python3)"
+  uv venv -q --no-python-downloads -p "$PYVER" "$VENV"
 fi
 
 CONSTRAINTS="$(mktemp)"

@@ -72,6 +72,10 @@ class TrainSpec:
     progress: bool = True
     verbose: bool = False
     concurrency: int = 64
+    #: roll out the next step's batch while this one trains (``--async``), at most
+    #: ``max_staleness`` policy versions behind the trainer
+    async_rollouts: bool = False
+    max_staleness: int = 1
     #: replaces the default sync (reload on every server + policy version) — e.g. WeightSync.sync
     sync: SyncHook | None = None
     log: Callable[[str], None] = print
@@ -170,7 +174,7 @@ def _serving(spec: TrainSpec, policy: StartingPolicy) -> Iterator[tuple[str, Any
         yield url, gateway
 
 
-def _client(spec: TrainSpec, gateway: Any) -> Any:
+def _client(spec: TrainSpec, gateway: Any, max_staleness: int | None = None) -> Any:
     from rollwire.agent.app import load_app
     from rollwire.trainer.client import RolloutClient
     from rollwire.trainer.runners import LocalRunner
@@ -183,6 +187,7 @@ def _client(spec: TrainSpec, gateway: Any) -> Any:
         sampling={"temperature": spec.temperature, "max_tokens": spec.max_tokens},
         concurrency=spec.concurrency,
         deadline=300.0,
+        max_staleness=max_staleness,
     )
 
 
@@ -226,6 +231,8 @@ def train(spec: TrainSpec) -> TrainResult:
         hf_logging.disable_progress_bar()  # weight loading and saving, at every step
     _prepare_out(spec)
     train_tasks, held = _datasets(spec)
+    # the held-out tasks, for `rollwire eval --tasks` on any checkpoint of the run
+    (spec.out / "heldout.jsonl").write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in held))
     policy = _starting_policy(spec)
     steps_path = spec.out / "steps.jsonl"
     with _serving(spec, policy) as (server_url, gateway):
@@ -245,13 +252,17 @@ def train(spec: TrainSpec) -> TrainResult:
         progress = Progress(spec.steps, policy.step, spec.progress, spec.metrics)
         if policy.step == 0:
             progress.log_eval(baseline)
+        ahead = _client(spec, gateway, spec.max_staleness) if spec.async_rollouts else None
         trainer = build_trainer(
-            spec, policy, client, gateway, server_url, train_tasks, evaluate, emit, progress
+            spec, policy, client, gateway, server_url, train_tasks, evaluate, emit, progress, ahead
         )
         try:
             checkpoint = policy.checkpoint
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         finally:
+            if ahead is not None:
+                trainer.rollout_func.close()
+                ahead.close()
             progress.close()
             client.close()
         final = evals[-1] if evals[-1].step == spec.steps else evaluate(spec.steps)

@@ -46,7 +46,10 @@ class RolloutBatch:
 
     groups: list[Group]
     report: ConversionReport
+    #: how long the rollouts took
     seconds: float
+    #: how long the trainer waited for them (less than ``seconds`` when they ran ahead, async)
+    waited: float | None = None
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -115,13 +118,29 @@ class RolloutFunction:
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
         """Roll out ``prompts`` (each repeated ``num_generations`` times in a row)."""
+        output, batch = self.collect(prompts, trainer)
+        self.deliver(batch)
+        return output
+
+    def deliver(self, batch: RolloutBatch) -> None:
+        """``batch`` is the one the trainer trains on now: ``last`` and ``on_batch`` see it."""
+        self.last = batch
+        if self.on_batch is not None:
+            self.on_batch(batch)
+
+    def collect(
+        self, prompts: Sequence[Any], trainer: Any, client: Any = None
+    ) -> tuple[dict[str, list[Any]], RolloutBatch]:
+        """Roll out ``prompts`` with ``client`` (default: this function's) without telling
+        ``on_batch``: the rollout_func output and its batch."""
+        client = client if client is not None else self.client
         training = bool(getattr(getattr(trainer, "model", None), "training", True))
         size = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
-        size = int(size or self.client.group_size)
+        size = int(size or client.group_size)
         tasks = _tasks_of(list(prompts), size, self.task_for)
         started = time.monotonic()
-        self.client.group_size = size
-        groups = self.client.run(tasks)
+        client.group_size = size
+        groups = client.run(tasks)
         if len(groups) != len(tasks) or any(len(g.rollouts) != size for g in groups):
             raise RuntimeError(
                 f"rollwire returned {len(groups)} groups for {len(tasks)} tasks of {size} "
@@ -137,10 +156,7 @@ class RolloutFunction:
             fallback_prompt_ids=lambda r: _prompt_ids(tokenizer, r, self.prompt_column),
             return_report=True,
         )
-        self.last = RolloutBatch(groups, report, time.monotonic() - started)
-        if self.on_batch is not None:
-            self.on_batch(self.last)
-        return output  # type: ignore[no-any-return]
+        return output, RolloutBatch(groups, report, time.monotonic() - started)
 
 
 def _tasks_of(

@@ -90,6 +90,10 @@ class StepRecord:
     train_s: float
     sync_s: float
     tokens_per_s: float
+    #: of ``rollout_s``, the time the step waited for its rollouts (less when they ran ahead)
+    rollout_wait_s: float = 0.0
+    #: the whole step, from TRL's step start to its end
+    wall_s: float = 0.0
     forked: int = 0
     placeholders: int = 0
     #: the policy versions the gateway stamped on this step's calls (the previous step's)
@@ -176,6 +180,8 @@ class StepReporter(TrainerCallback):  # type: ignore[misc]
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         wall = time.perf_counter() - self._started
         rollout_s = self._batch.seconds if self._batch is not None else 0.0
+        waited = self._batch.waited if self._batch is not None else None
+        waited_s = rollout_s if waited is None else waited
         sync_s = (self._sync.save_seconds + self._sync.sync_seconds) if self._sync else 0.0
         figures = batch_figures(self._batch, self.success_threshold) if self._batch else {}
         record = StepRecord(
@@ -187,7 +193,9 @@ class StepReporter(TrainerCallback):  # type: ignore[misc]
             failed=int(figures.get("failed", 0)),
             sampled_tokens=int(figures.get("sampled_tokens", 0)),
             rollout_s=rollout_s,
-            train_s=max(0.0, wall - rollout_s - sync_s),
+            train_s=max(0.0, wall - waited_s - sync_s),
+            rollout_wait_s=waited_s,
+            wall_s=wall,
             sync_s=sync_s,
             tokens_per_s=figures.get("sampled_tokens", 0) / rollout_s if rollout_s else 0.0,
             forked=self._batch.report.forked if self._batch else 0,

@@ -140,7 +140,9 @@ def _sync_hook(spec: TrainSpec, gateway: Any, model: Any) -> SyncHook:
     weight_sync.check()  # before step 1: the servers serve what the trainer holds
 
     def sync(folder: Path, version: str) -> dict[str, float]:
-        return weight_sync.sync(folder, version).summary()
+        # the step is the version's ordinal, what a staleness bound counts in
+        seq = int(version) if version.isdigit() else None
+        return weight_sync.sync(folder, version, seq=seq).summary()
 
     return sync
 
@@ -155,8 +157,10 @@ def build_trainer(
     evaluate: Callable[[int], EvalPoint],
     emit: Callable[[StepRecord], None],
     progress: Progress,
+    ahead_client: Any = None,
 ) -> Any:
-    """The trainer, wired to rollwire; ``emit`` gets each step's record."""
+    """The trainer, wired to rollwire; ``emit`` gets each step's record. ``ahead_client``
+    (``--async``): the client the next step's rollouts run on while this step trains."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
@@ -173,6 +177,8 @@ def build_trainer(
     else:
         gateway_version(gateway, str(policy.step))
     sync = _sync_hook(spec, gateway, model)
+    if spec.async_rollouts:
+        sync = _posting_trainer_version(sync, gateway)
 
     def on_record(record: StepRecord) -> None:
         emit(record)
@@ -180,9 +186,13 @@ def build_trainer(
         spec.log(step_line(record, spec.steps))
 
     reporter = StepReporter(on_record, evaluate=evaluate, eval_every=spec.eval_every)
-    rollout = RolloutFunction(
+    rollout: Any = RolloutFunction(
         client, tasks=train_tasks, key="task_id", tokenizer=tokenizer, on_batch=reporter.on_batch
     )
+    if ahead_client is not None:
+        from rollwire_trl.prefetch import AsyncRollouts
+
+        rollout = AsyncRollouts(rollout, ahead_client)
     syncer = WeightSyncCallback(
         sync, spec.out / "policy", tokenizer_dir=policy.tokenizer_folder, on_sync=reporter.on_sync
     )
@@ -204,4 +214,19 @@ def gateway_version(gateway: Any, version: str) -> None:
     """Stamp the gateway's policy version (the embedded engine already serves those weights)."""
     from rollwire.trainer.gateway_client import GatewayClient
 
-    GatewayClient(gateway.url, gateway.admin_key).set_policy_version(version)
+    seq = int(version) if version.isdigit() else None
+    GatewayClient(gateway.url, gateway.admin_key).set_policy_version(version, seq=seq)
+
+
+def _posting_trainer_version(sync: SyncHook, gateway: Any) -> SyncHook:
+    """``sync`` that first tells the gateway the trainer holds step ``version``'s weights: the
+    staleness bound of the rollouts running ahead is counted from it."""
+    from rollwire.trainer.gateway_client import GatewayClient
+
+    client = GatewayClient(gateway.url, gateway.admin_key)
+
+    def posting(folder: Path, version: str) -> Any:
+        client.set_trainer_version(int(version), version)
+        return sync(folder, version)
+
+    return posting

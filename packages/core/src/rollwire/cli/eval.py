@@ -74,7 +74,11 @@ def evaluate(
     runner: str = typer.Option("local", "--runner", help="local | http:URL | ray | agentcore:ARN"),
     gateway: str = typer.Option("embedded", "--gateway", help="Gateway URL or 'embedded'."),
     admin_key: str = typer.Option(None, "--admin-key", envvar="ROLLWIRE_ADMIN_KEY"),
-    backend: list[str] = typer.Option([], "--backend", help="URL[=kind], or 'embedded'."),
+    backend: list[str] = typer.Option(
+        [],
+        "--backend",
+        help="URL[=kind], 'embedded', or 'embedded:DIR' (the engine on a model folder).",
+    ),
     concurrency: int = typer.Option(32, "--concurrency", "-c", min=1),
     deadline: float = typer.Option(600.0, "--deadline", help="Seconds per rollout."),
     out: Path = typer.Option(Path("eval.json"), "--out", "-o", help="Where to write the result."),

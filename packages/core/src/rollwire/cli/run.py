@@ -86,11 +86,8 @@ def check_backends(specs: list[str], stack: contextlib.ExitStack) -> list[str]:
     """The embedded gateway's backends; each URL is checked to answer before the run starts."""
     out: list[str] = []
     for b in specs:
-        if b == "embedded":
-            from rollwire.engine import EmbeddedEngine, EngineConfig
-
-            engine = stack.enter_context(EmbeddedEngine(EngineConfig(return_routed_experts=True)))
-            out.append(f"{engine.url}=vllm")
+        if b == "embedded" or b.startswith("embedded:"):
+            out.append(_embedded_backend(b.partition(":")[2] or None, stack))
             continue
         spec = parse_backend(b)
         problem = probe_backend(spec)
@@ -101,6 +98,23 @@ def check_backends(specs: list[str], stack: contextlib.ExitStack) -> list[str]:
             )
         out.append(f"{spec.url}={spec.kind}")
     return out
+
+
+def _embedded_backend(model_dir: str | None, stack: contextlib.ExitStack) -> str:
+    """``embedded`` (the seeded model) or ``embedded:DIR`` (a model folder: ``rollwire engine
+    save-model``'s, or a Hugging Face one such as ``rollwire train``'s ``final/``)."""
+    from rollwire.engine import EmbeddedEngine, EngineConfig
+    from rollwire.engine.model import WeightsError
+
+    folder = Path(model_dir) if model_dir else None
+    if folder is not None and not folder.is_dir():
+        raise fail(f"--backend embedded:{model_dir}: no such model folder")
+    config = EngineConfig(return_routed_experts=True, model_dir=folder)
+    try:
+        engine = stack.enter_context(EmbeddedEngine(config))
+    except (WeightsError, ValueError, OSError) as exc:
+        raise fail(f"--backend embedded:{model_dir}: cannot load that model ({exc})") from exc
+    return f"{engine.url}=vllm"
 
 
 async def _collect(client: Any, tasks: list[dict[str, Any]], groups: list[Any]) -> str | None:
@@ -211,7 +225,7 @@ def run(
         "--backend",
         metavar="URL[=KIND]",
         help="Inference server of the embedded gateway (KIND vllm, sglang or openai); "
-        "'embedded' starts the embedded engine. Repeatable.",
+        "'embedded' starts the embedded engine, 'embedded:DIR' on a model folder. Repeatable.",
     ),
     capture: str = typer.Option(
         "passthrough", "--capture", metavar="MODE", help="passthrough | tokens"

@@ -189,6 +189,20 @@ def train(
         metavar="MODE",
         help="TRL's correction against the captured log-probs: token_truncate, token_mask, sequence_truncate, sequence_mask or off.",
     ),
+    async_rollouts: bool = typer.Option(
+        False,
+        "--async",
+        help="Roll out the next step's batch while this one trains (off-policy by up to "
+        "--max-staleness versions; TRL's importance sampling corrects for it).",
+    ),
+    max_staleness: int = typer.Option(
+        1,
+        "--max-staleness",
+        min=0,
+        metavar="N",
+        help="With --async: rollouts start at most N policy versions behind the trainer (the "
+        "gateway holds the rest).",
+    ),
     save_every: int = typer.Option(
         5, "--save-every", min=1, metavar="N", help="Checkpoint every N steps."
     ),
