@@ -74,3 +74,29 @@ def test_max_staleness_is_checked() -> None:
         RolloutClient("http://127.0.0.1:1", admin_key="k", max_staleness=-1)
     with pytest.raises(ValueError, match="on_stale"):
         RolloutClient("http://127.0.0.1:1", admin_key="k", max_staleness=1, on_stale="drop")
+
+
+def test_rollwire_run_takes_the_bound_from_its_flags(stack: Any, tmp_path: Any) -> None:
+    import orjson
+    from typer.testing import CliRunner
+
+    from rollwire.cli import app
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in make_tasks(1, seed=5)))
+    out = tmp_path / "rollouts.jsonl"
+    args = ["run", "--agent", "rollwire.envs.wordle.agent_openai:app", "--tasks", str(tasks),
+            "--gateway", stack.url, "--admin-key", stack.admin_key, "-n", "2",
+            "--max-tokens", "48", "--no-progress", "-o", str(out), "--max-staleness", "0",
+            "--on-stale", "mark"]  # fmt: skip
+    with stack.client() as c:
+        c.set_trainer_version(c.staleness()["policy_seq"] + 1)
+        try:
+            result = CliRunner().invoke(app, args)
+        finally:
+            c.set_trainer_version(None)
+    assert result.exit_code == 0, result.output
+    calls = [c for line in out.read_bytes().splitlines() for c in orjson.loads(line)["calls"]]
+    assert calls and all("stale" in c["flags"] and not c["trainable"] for c in calls)
+    bad = CliRunner().invoke(app, [*args[:-1], "later", "--force"])
+    assert bad.exit_code == 2 and "on_stale must be 'hold' or 'mark'" in bad.output

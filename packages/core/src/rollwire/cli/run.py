@@ -242,6 +242,21 @@ def run(
     rate_limit: float = typer.Option(
         None, "--rate-limit", metavar="PER_S", help="Rollouts started per second at most."
     ),
+    max_staleness: int = typer.Option(
+        None,
+        "--max-staleness",
+        min=0,
+        metavar="N",
+        help="Sample no rollout more than N policy versions behind the trainer's (its POST "
+        "/api/trainer_version); unset: no bound.",
+    ),
+    on_stale: str = typer.Option(
+        "hold",
+        "--on-stale",
+        metavar="hold|mark",
+        help="With --max-staleness: hold a rollout that would start beyond the bound until the "
+        "servers catch up, or run it and have its calls flagged stale (not trained).",
+    ),
     max_failed: float = typer.Option(
         0.2,
         "--max-failed",
@@ -315,6 +330,8 @@ def run(
                 rate_limit=rate_limit,
                 deadline=deadline,
                 progress=progress,
+                max_staleness=max_staleness,
+                on_stale=on_stale,
             )
         except (ValueError, TypeError, ImportError, RunnerError) as exc:
             raise fail(str(exc)) from exc
