@@ -34,6 +34,7 @@ from rollwire.testing import (  # noqa: E402
     single_turn_rollout,
 )
 from rollwire.trainer.gateway_client import GatewayAPIError  # noqa: E402
+from rollwire.trainer.step_stamp import StepStamp  # noqa: E402
 from rollwire_verl import agent_loop as al  # noqa: E402
 from rollwire_verl import resources  # noqa: E402
 from rollwire_verl.agent_loop import (  # noqa: E402
@@ -192,6 +193,8 @@ class _StubGateway:
     def __init__(self, rollout: Rollout) -> None:
         self.rollout_obj = rollout
         self.created: dict[str, Any] = {}
+        self.version: str | None = None
+        self.seq: int | None = None
 
     async def create_session(self, **fields: Any) -> Any:
         self.created = fields
@@ -211,6 +214,17 @@ class _StubGateway:
     async def complete(self, *a: Any, **kw: Any) -> None:
         return None
 
+    # the control-plane routes a version stamp uses (recorded, as the gateway would answer)
+    async def staleness(self) -> dict[str, Any]:
+        return {"policy_seq": self.seq, "policy_version": self.version, "trainer_seq": self.seq}
+
+    async def set_policy_version(self, version: str, *, seq: int | None = None) -> str:
+        self.version, self.seq = version, seq
+        return version
+
+    async def set_trainer_version(self, seq: int | None, version: str | None = None) -> Any:
+        return {}
+
 
 class _StubRunner:
     def __init__(self) -> None:
@@ -225,7 +239,7 @@ class _StubRunner:
 
 async def test_run_with_a_stub_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
     gw, runner = _StubGateway(forked_rollout()), _StubRunner()
-    res = types.SimpleNamespace(client=lambda: gw, runner=runner)
+    res = types.SimpleNamespace(client=lambda: gw, runner=runner, stamp=StepStamp())
     monkeypatch.setattr(al, "_resources", lambda settings: res)
     loop = _make_loop(gateway_url="http://gw", admin_key="k")
     out = await loop.run(
@@ -245,6 +259,8 @@ async def test_run_with_a_stub_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gw.created["metadata"] == {"verl_sample": 2}
     assert payload["_rollwire"]["base_url"] == "http://gw/s/tok/v1"
     assert payload["_rollwire"]["group_id"] == "task-uid-1"
+    # step 7 rolls out on what verl pushed at the end of step 6, stamped before the session
+    assert (gw.version, gw.seq) == ("6", 6)
 
 
 # -- end to end: embedded engine standing in for verl's vLLM server --------------------------------
@@ -418,7 +434,7 @@ async def _run_stub(
     monkeypatch: pytest.MonkeyPatch, rollout: Rollout, cfg: Any = None, **row: Any
 ) -> tuple[list[AgentLoopOutput], _StubGateway, _StubRunner]:
     gw, runner = _StubGateway(rollout), _StubRunner()
-    res = types.SimpleNamespace(client=lambda: gw, runner=runner)
+    res = types.SimpleNamespace(client=lambda: gw, runner=runner, stamp=StepStamp())
     monkeypatch.setattr(al, "_resources", lambda settings: res)
     loop = _make_loop(cfg=cfg, tokenizer=_tokenizer(), gateway_url="http://gw", admin_key="k")
     out = await loop.run({"temperature": 1.0}, **{**VERL_ROW, **row})
@@ -436,7 +452,7 @@ async def test_run_classifies_forks_with_verls_tokenizer(monkeypatch: pytest.Mon
     monkeypatch.setattr(al, "TrajectoryBuilder", Recording)
     tok = _tokenizer()
     gw, runner = _StubGateway(forked_rollout()), _StubRunner()
-    res = types.SimpleNamespace(client=lambda: gw, runner=runner)
+    res = types.SimpleNamespace(client=lambda: gw, runner=runner, stamp=StepStamp())
     monkeypatch.setattr(al, "_resources", lambda settings: res)
     loop = _make_loop(tokenizer=tok, gateway_url="http://gw", admin_key="k")
     await loop.run({"temperature": 1.0}, **VERL_ROW)
@@ -609,7 +625,7 @@ async def test_fallback_prompt_is_lazy_and_a_template_error_is_logged(
             raise ValueError("no chat template")
 
     gw, runner = _StubGateway(merged_rollout()), _StubRunner()
-    res = types.SimpleNamespace(client=lambda: gw, runner=runner)
+    res = types.SimpleNamespace(client=lambda: gw, runner=runner, stamp=StepStamp())
     monkeypatch.setattr(al, "_resources", lambda settings: res)
     loop = _make_loop(tokenizer=Tok(), gateway_url="http://gw", admin_key="k")
     await loop.run({"temperature": 1.0}, **VERL_ROW, global_steps=1)
@@ -716,7 +732,9 @@ async def test_rollouts_are_logged_per_global_step_to_the_metrics_sink(
     spec = f"tensorboard:{tmp_path / 'tb'}"
     for step, rollout in batches:
         gw = _StubGateway(rollout)
-        res = types.SimpleNamespace(client=lambda gw=gw: gw, runner=_StubRunner())
+        res = types.SimpleNamespace(
+            client=lambda gw=gw: gw, runner=_StubRunner(), stamp=StepStamp()
+        )
         monkeypatch.setattr(al, "_resources", lambda settings, res=res: res)
         loop = _make_loop(gateway_url="http://gw", admin_key="k", metrics=spec)
         await loop.run({"temperature": 1.0}, **VERL_ROW, global_steps=step)

@@ -27,6 +27,7 @@ from rollwire_rllm.episodes import (
     rollout_episode_dict,
 )
 from rollwire_rllm.routing import RoutingFormat
+from rollwire_rllm.steps import Follow, StepFollower
 
 __all__ = ["RollwireAgentFlow", "rllm_task"]
 
@@ -79,6 +80,9 @@ class RollwireAgentFlow:
     step, so every ``metrics_every`` training rollouts (default ``$ROLLWIRE_METRICS_EVERY``, else
     64) are logged as one step; :meth:`flush_metrics` logs the rest (``close`` calls it).
     Validation rollouts are not logged.
+    ``follow``: stamp the gateway's policy version with rLLM's step (``"step"``, its on-policy
+    loop) or the weight version its fully-async loop announces (``"weight_version"``), taken from
+    the rLLM engine that runs the flow (:mod:`rollwire_rllm.steps`); None: do not stamp.
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class RollwireAgentFlow:
         routed_experts: bool = False,
         metrics: str | None = None,
         metrics_every: int | None = None,
+        follow: Follow | None = "step",
     ) -> None:
         if runner.partition(":")[0] == "local" and agent is None:
             raise ValueError(
@@ -134,6 +139,7 @@ class RollwireAgentFlow:
         self._lock = threading.Lock()
         self._embedded: Any = None
         self._local_runner: Any = None
+        self.steps = StepFollower(follow)
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -212,8 +218,15 @@ class RollwireAgentFlow:
 
     # -- the AgentFlow protocol -------------------------------------------------------------------
 
+    def attach(self, engine: Any) -> None:
+        """Follow the steps of ``engine`` (rLLM's ``AgentFlowEngine``, or a ``UnifiedTrainer``):
+        what the flow otherwise finds on its first ``arun`` (:mod:`rollwire_rllm.steps`)."""
+        self.steps.attach(engine)
+
     async def arun(self, task: Any, config: Any = None) -> Any:
-        """Run the agent on ``task`` through rollwire; the Episode of what the policy sampled."""
+        """Run the agent on ``task`` through rollwire; the Episode of what the policy sampled.
+        The first rollout of a new rLLM step stamps its policy version on the gateway first."""
+        await self.steps.before_rollout(self._gateway())
         rollout = await self._rollout(rllm_task(task), config)
         if self.metrics and not getattr(config, "is_validation", False):
             self._metrics_logger().add(rollout)

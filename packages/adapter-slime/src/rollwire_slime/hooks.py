@@ -33,6 +33,7 @@ from rollwire_slime.samples import (
     rollout_sample_dicts,
 )
 from rollwire_slime.sampling import slime_sampling
+from rollwire_slime.stamp import current_rollout_id, slime_stamp, stamp_setting
 
 __all__ = [
     "HookConfig",
@@ -85,6 +86,8 @@ class HookConfig:
     routed_experts: bool = False
     metrics: str | None = None
     step_credit: StepCredit | None = None
+    #: stamp the gateway with SGLang's weight version at each rollout id (:mod:`.stamp`)
+    stamp_version: bool = True
 
     @classmethod
     def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> HookConfig:
@@ -117,6 +120,7 @@ class HookConfig:
             routed_experts=bool(getattr(args, "use_rollout_routing_replay", False)),
             metrics=metrics_spec(_setting(args, "metrics", env)),
             step_credit=parse_credit(_setting(args, "step_credit", env)),
+            stamp_version=stamp_setting(_setting(args, "stamp_version", env, True)),
         )
 
 
@@ -323,6 +327,12 @@ def _client(cfg: HookConfig, group_size: int, sampling: Mapping[str, Any]) -> An
     )
 
 
+async def _stamp(cfg: HookConfig, rollout_id: int | None, evaluation: bool = False) -> None:
+    if cfg.stamp_version and rollout_id is not None:
+        gateway = _gateway(cfg)
+        await slime_stamp(gateway).after_sync(gateway, cfg.router_url, rollout_id, evaluation)
+
+
 # -- the hooks ---------------------------------------------------------------------------------
 
 
@@ -341,6 +351,7 @@ async def generate(
         refuse_group_reading_paths(args)
     cfg = HookConfig.from_args(args)
     sample_cls = import_sample_class()
+    await _stamp(cfg, current_rollout_id(), evaluation)
     client = _client(cfg, 1, slime_sampling(sampling_params))
     (group,) = await client.arun([slime_task(sample)])
     (rollout,) = group.rollouts
@@ -383,6 +394,7 @@ async def collect_groups(
         raise ValueError(
             f"slime groups differ in size ({sorted({len(g) for g in groups})}); expected n_samples_per_prompt each"
         )
+    await _stamp(cfg, step)
     client = _client(cfg, n, _default_sampling(args))
     tasks = []
     for position, group in enumerate(groups):

@@ -19,6 +19,14 @@ most ``rollout.prompt_length`` prompt tokens (the last ones), ``num_turns`` coun
 it, and ``extra_fields["min_global_steps"/"max_global_steps"]`` set (verl's v1 trainer turns them
 into ``int`` arrays for its staleness metrics).
 
+Policy versions: verl pushes its own weights (``update_weights(global_steps)`` at the end of each
+step), so step ``S`` rolls out on version ``S - 1`` (:func:`~rollwire_verl.outputs.served_step`).
+verl's v1 trainer hands ``global_steps`` to every loop (``AgentLoopWorkerTQ._run_prompt``); the
+first rollout of a new step in a process stamps that version on the gateway before its session
+(:class:`~rollwire.trainer.step_stamp.StepStamp`: once per step per process, never backwards,
+never fatal), so its calls and every export carry it. ``stamp_version: false`` turns it off.
+verl's legacy ``AgentLoopWorker`` keeps the step in ``meta_info``: there nothing is stamped.
+
 With ``metrics`` set (YAML key or ``ROLLWIRE_METRICS``), each process's rollouts are logged to that
 sink per trainer step: they carry verl's ``global_steps``, and a step's rollouts are logged as one
 step (at ``global_steps``) when the first rollout of another step arrives, or at exit; without
@@ -42,7 +50,12 @@ from rollwire.agent.context import PAYLOAD_KEY
 from rollwire.data.protocol import TERMINAL_STATUSES, Rollout
 from rollwire.data.trajectory import TrajectoryBuilder
 from rollwire.trainer.gateway_client import GatewayAPIError
-from rollwire_verl.outputs import RolloutFailedError, RoutingShape, rows_to_agent_loop_outputs
+from rollwire_verl.outputs import (
+    RolloutFailedError,
+    RoutingShape,
+    rows_to_agent_loop_outputs,
+    served_step,
+)
 from rollwire_verl.resources import (
     _Resources,
     _resources,
@@ -168,11 +181,16 @@ class RollwireAgentLoop(AgentLoopBase):
         path = str((self.config.actor_rollout_ref.get("model") or {}).get("path") or "")
         return _hf_routing_shape(path)
 
-    async def _start(self, sampling_params: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
-        """Create the row's session and hand the agent its payload; the session handle."""
+    async def _start(
+        self, sampling_params: Mapping[str, Any], kwargs: Mapping[str, Any], step: int | None
+    ) -> Any:
+        """Create the row's session and hand the agent its payload; the session handle. The first
+        rollout of a new ``global_steps`` in this process stamps the gateway first."""
         s = self.settings
         res = await self._shared()
         gw = res.client()
+        if s.stamp_version and step is not None:
+            await res.stamp.astamp(gw, served_step(step))
         task = {k: _plain(v) for k, v in kwargs.items() if k not in _VERL_INTERNAL_KEYS}
         group_id = str(task.get("uid") or task.get("index") or uuid.uuid4().hex)
         task_id = str(task.get("index", group_id))
@@ -224,13 +242,13 @@ class RollwireAgentLoop(AgentLoopBase):
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """Run the row in ``kwargs`` as one rollout and return its output(s)."""
         s = self.settings
-        handle = await self._start(sampling_params, kwargs)
+        global_steps = kwargs.get("global_steps")
+        step = None if global_steps is None else int(_plain(global_steps))
+        handle = await self._start(sampling_params, kwargs, step)
         rollout: Rollout = await (await self._shared()).client().rollout(handle.session_id)
         # the backend's tokenizer classifies forks (template / retokenized / ...), not "other"
         tokenizer = _tokenizer_like(self.tokenizer)
         rows = TrajectoryBuilder(s.mode, tokenizer, s.step_credit).build(rollout)
-        global_steps = kwargs.get("global_steps")
-        step = None if global_steps is None else int(_plain(global_steps))
         if s.metrics:
             from rollwire.metrics_sinks.step_logger import shared_step_logger
 

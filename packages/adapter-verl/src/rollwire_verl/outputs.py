@@ -88,6 +88,15 @@ def _row_output(
     )
 
 
+def served_step(global_steps: int) -> int:
+    """The weight version verl serves while it rolls out step ``global_steps``: the version of
+    its last ``update_weights(global_steps)`` call, which comes at the end of each step (and with
+    the step it loaded before the first): ``global_steps - 1``, at least 0. What the agent loop
+    stamps on the gateway, and what verl's v1 trainer reads as ``max_global_steps``
+    (``trajectory_staleness = (global_steps - 1) - max_global_steps``)."""
+    return max(int(global_steps) - 1, 0)
+
+
 def _weight_versions(
     rollout: Rollout, row: Row | None, global_steps: int | None
 ) -> tuple[int | None, int | None]:
@@ -111,7 +120,7 @@ def _weight_versions(
         return min(versions), max(versions)
     if global_steps is None:
         return None, None
-    step = max(int(global_steps) - 1, 0)
+    step = served_step(global_steps)
     return step, step
 
 

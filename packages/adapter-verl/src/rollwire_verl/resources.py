@@ -72,6 +72,10 @@ class _Resources:
             self.url, self.admin_key = self.gateway.url, self.gateway.admin_key
         self.runner = self._make_runner()
         self._clients: dict[int, Any] = {}
+        from rollwire.trainer.step_stamp import StepStamp
+
+        #: this process's stamps of the gateway's policy version (once per verl step)
+        self.stamp = StepStamp()
 
     def _make_runner(self) -> Any:
         from rollwire.trainer.runners import make_runner

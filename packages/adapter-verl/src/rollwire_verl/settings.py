@@ -49,6 +49,8 @@ class LoopSettings:
     metrics_every: int = 64
     #: step credit (``broadcast``, ``discounted``, ``discounted:GAMMA``); None: step rewards unused
     step_credit: str | None = None
+    #: stamp the gateway's policy version with the weights verl serves during ``global_steps``
+    stamp_version: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> LoopSettings:
@@ -89,6 +91,7 @@ class LoopSettings:
             metrics=metrics_spec(None if pick("metrics") is None else str(pick("metrics"))),
             metrics_every=metrics_every(pick("metrics_every")),
             step_credit=None if pick("step_credit") is None else str(pick("step_credit")),
+            stamp_version=_flag("stamp_version", pick("stamp_version", True)),
         )
 
     def validate(self) -> None:
@@ -106,6 +109,19 @@ class LoopSettings:
             raise ValueError(
                 f"routed_experts_shape must be [layers, top_k] > 0, got {self.routed_experts_shape}"
             )
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A YAML boolean, or an environment variable's ``1``/``true``/``yes`` (``0``/``false``/``no``)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(
+                f"{name} must be true or false, got {value!r} (YAML key {name} or "
+                f"ROLLWIRE_{name.upper()})"
+            )
+        return text in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 def _freeze(value: Any) -> Any:

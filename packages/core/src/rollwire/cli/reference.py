@@ -136,6 +136,11 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "Step rewards onto each call's tokens: `broadcast` or `discounted:GAMMA` (unset: none).",
     ),
     (
+        "ROLLWIRE_STAMP_VERSION",
+        "verl agent loop, slime hooks",
+        "`false`: do not stamp the gateway's policy version with the trainer's step (default `true`).",
+    ),
+    (
         "ROLLWIRE_TRL_VENV",
         "packages/adapter-trl/ci/*.sh",
         "Where the TRL venv (`rollwire train`'s torch and TRL) lives (default `.venv-trl`).",
