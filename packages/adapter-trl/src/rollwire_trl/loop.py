@@ -164,7 +164,15 @@ def _serving(spec: TrainSpec, policy: StartingPolicy) -> Iterator[tuple[str, Any
             )
             engine = stack.enter_context(
                 EmbeddedEngine(
-                    EngineConfig(model_dir=policy.folder, seed=spec.seed, logprobs_mode=logprobs)
+                    EngineConfig(
+                        model_dir=policy.folder,
+                        seed=spec.seed,
+                        logprobs_mode=logprobs,
+                        # the engine reports its weights' version on every answer, and the
+                        # gateway records what the server says it served: a resumed run's
+                        # engine serves the checkpoint's step, not "0"
+                        weight_version=str(policy.step),
+                    )
                 )
             )
             url = engine.url

@@ -156,6 +156,11 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "Folder the seed-spread runs are written to (default: a new temporary folder).",
     ),
     (
+        "ROLLWIRE_SEEDS_STEPS",
+        "packages/adapter-trl/ci/seeds.sh",
+        "Steps of each seed's run (default 20, as the learning test).",
+    ),
+    (
         "ROLLWIRE_TINKER_VENV",
         "packages/adapter-tinker/ci/*.sh",
         "Where the Tinker venv (SkyRL's local Tinker server) lives (default `.venv-tinker`).",
