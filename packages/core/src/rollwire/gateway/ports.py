@@ -92,6 +92,10 @@ class GatewayPort(Protocol):
         """Pause or resume every gateway on the store."""
         ...
 
+    async def set_sync_epoch(self, record: dict[str, Any] | None, ttl: float | None = None) -> None:
+        """Write (None: clear) a weight sync's epoch, which pauses every gateway while it stands."""
+        ...
+
     async def set_policy_version(self, version: str | None, seq: int | None = None) -> None:
         """Set the policy version (and its ordinal) for every gateway on the store."""
         ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from rollwire.gateway.backends.pool import Backend, BackendPool
 from rollwire.gateway.config import GatewayConfig
@@ -14,7 +15,12 @@ from rollwire.gateway.dataplane.staleness import (
     StalenessGate,
     next_policy_seq,
 )
-from rollwire.gateway.sync_barrier import EPOCH_SETTING, SyncBarrier
+from rollwire.gateway.sync_barrier import (
+    EPOCH_SETTING,
+    QUARANTINE_SETTING,
+    UNVERIFIED_PREFIX,
+    SyncBarrier,
+)
 from rollwire.store import Store
 
 __all__ = ["SharedState"]
@@ -24,7 +30,7 @@ log = logging.getLogger("rollwire.gateway")
 # Settings in the store that every gateway on it shares.
 _PAUSED = "gateway:paused"
 _POLICY_VERSION = "gateway:policy_version"
-_QUARANTINE = "gateway:quarantine:"  # + backend URL: why it is out of rotation
+_QUARANTINE = QUARANTINE_SETTING  # + backend URL: why it is out of rotation
 
 
 class SharedState:
@@ -96,6 +102,16 @@ class SharedState:
         self._shared_seen = (paused, self._shared_seen[1])
         self.pause() if paused else self.resume()
 
+    async def set_sync_epoch(self, record: dict[str, Any] | None, ttl: float | None = None) -> None:
+        """Write (None: clear) a weight sync's epoch for every gateway on this store, expiring
+        after ``ttl`` seconds (its lease); while it stands every gateway counts as paused."""
+        self._local_writes += 1
+        await self.store.set_setting(EPOCH_SETTING, record, ttl=ttl)
+        self._local_writes += 1
+        if record is not None:
+            self._shared_seen = (True, self._shared_seen[1])
+            self.pause()
+
     async def set_policy_version(self, version: str | None, seq: int | None = None) -> None:
         """Set the policy version stamped on captured calls, for every gateway on this store,
         with its ordinal ``seq`` (default: one more than the last for a new version)."""
@@ -130,7 +146,9 @@ class SharedState:
         await self.store.set_setting(_QUARANTINE + backend.url, reason)
         self._local_writes += 1
         if reason is not None:
-            log.warning("backend %s (%s) out of rotation: %s", backend.name, backend.url, reason)
+            # every push of a sync does this until the sync verifies it: not worth a warning
+            level = logging.INFO if reason.startswith(UNVERIFIED_PREFIX) else logging.WARNING
+            log.log(level, "backend %s (%s) out of rotation: %s", backend.name, backend.url, reason)
         backend.quarantined = reason
 
     # ------------------------------------------------------------------ pause / drain

@@ -275,24 +275,42 @@ class GatewayClient(_Base):
         return dict(self._req("GET", "/api/pause"))
 
     # --------------------------------------------------------------- weight sync (WeightSync)
-    def sync_begin(self, *, drain: bool = True, timeout: float = 120.0) -> dict[str, Any]:
+    def sync_begin(
+        self, *, drain: bool = True, timeout: float = 120.0, lease: float = 60.0
+    ) -> dict[str, Any]:
         """``POST /api/sync/begin``: pause every gateway on the store; returns once each has
-        acknowledged (and, with ``drain``, has no call in flight)."""
-        body = {"drain": drain, "timeout": timeout}
+        acknowledged (and, with ``drain``, has no call in flight). The pause lapses after
+        ``lease`` seconds unless renewed (:meth:`sync_renew`)."""
+        body = {"drain": drain, "timeout": timeout, "lease": lease}
         return dict(self._req("POST", "/api/sync/begin", json=body, timeout=timeout + 30.0))
 
-    def sync_end(self, *, version: str | None, seq: int | None = None) -> dict[str, Any]:
+    def sync_renew(self, *, epoch: str, lease: float = 60.0) -> dict[str, Any]:
+        """``POST /api/sync/renew``: keep the sync's pause ``lease`` more seconds."""
+        return dict(self._req("POST", "/api/sync/renew", json={"epoch": epoch, "lease": lease}))
+
+    def sync_end(
+        self, *, version: str | None, seq: int | None = None, epoch: str | None = None
+    ) -> dict[str, Any]:
         """``POST /api/sync/end``: set the policy version (ordinal ``seq``, default one more),
-        then resume every gateway."""
-        body = _drop_none({"version": version, "seq": seq})
+        then resume every gateway (with ``epoch``: a 409 if that sync is over)."""
+        body = _drop_none({"version": version, "seq": seq, "epoch": epoch})
         return dict(self._req("POST", "/api/sync/end", json=body))
 
     def push_weights(
-        self, name: str, *, weights_path: str, version: str, keep: bool = False, timeout: float
+        self,
+        name: str,
+        *,
+        weights_path: str,
+        version: str,
+        keep: bool = False,
+        timeout: float,
+        epoch: str | None = None,
     ) -> dict[str, Any]:
         """``POST /api/backends/{name}/weights``: the backend loads ``weights_path`` by its
         kind's transport and takes ``version`` as its weight version."""
-        body = {"weights_path": weights_path, "version": version, "keep": keep}
+        body = _drop_none(
+            {"weights_path": weights_path, "version": version, "keep": keep, "epoch": epoch}
+        )
         return dict(
             self._req("POST", f"/api/backends/{name}/weights", json=body, timeout=timeout + 30.0)
         )

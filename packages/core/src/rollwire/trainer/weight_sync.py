@@ -11,11 +11,14 @@ policy version, resume. A server is never stamped with a version it was not veri
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient
 
@@ -38,6 +41,10 @@ DEFAULT_PROBE_IDS: tuple[int, ...] = (17, 42, 99, 7, 64, 120, 33, 5)
 
 #: backend kinds that have a weight transport (``openai`` is a hosted API: nothing to push)
 SYNC_KINDS = ("vllm", "sglang", "tinker")
+
+#: how the gateway begins the out-of-rotation reason of a server a sync pushed to and did not
+#: verify (``rollwire.gateway.sync_barrier.UNVERIFIED_PREFIX``): the next sync pushes to it again
+UNVERIFIED_PREFIX = "unverified: "
 
 
 class WeightSyncError(RuntimeError):
@@ -72,6 +79,10 @@ class SyncReport:
     version: str | None
     backends: list[BackendSync] = field(default_factory=list)
     gateways: list[str] = field(default_factory=list)
+    #: the sync's pause in the store (its lease is renewed while the sync runs)
+    epoch: str | None = None
+    #: the epoch of an earlier sync this one took over (its trainer died mid-sync)
+    took_over: str | None = None
     pause_seconds: float = 0.0
     push_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -111,7 +122,9 @@ class WeightSync:
     ``verify=False`` only: then a server that answers the probe counts as verified).
     ``tolerance`` bounds the largest per-token log-prob difference a verified server may show.
     ``mode="keep"`` lets calls in flight continue across the push (vLLM ``pause?mode=keep``;
-    their tokens carry two versions) instead of draining them first.
+    their tokens carry two versions) instead of draining them first. The pause is a ``lease``
+    (seconds) the sync renews while it runs: if this process dies, the gateways resume by
+    themselves after it, with the servers it pushed to out of rotation.
     """
 
     def __init__(
@@ -127,6 +140,7 @@ class WeightSync:
         mode: str = "drain",
         pause_timeout: float = 120.0,
         push_timeout: float = 600.0,
+        lease: float = 60.0,
     ) -> None:
         if mode not in ("drain", "keep"):
             raise ValueError(f"mode must be 'drain' or 'keep', got {mode!r}")
@@ -147,13 +161,14 @@ class WeightSync:
         self.mode = mode
         self.pause_timeout = pause_timeout
         self.push_timeout = push_timeout
+        self.lease = lease
         self.history: list[SyncReport] = []
 
     # ------------------------------------------------------------------ public
     def backends(self) -> list[dict[str, Any]]:
-        """The servers a sync pushes to (every non-quarantined backend); a kind that cannot
-        take weights is an error here, before any training step."""
-        found = [b for b in self.gateway.backends() if not b.get("quarantined")]
+        """The servers a sync pushes to (every one in rotation, and those an abandoned sync left
+        out as unverified); a kind that cannot take weights is an error here, before any step."""
+        found = [b for b in self._listed() if _unverified(b) or not b.get("quarantined")]
         if not found:
             raise ValueError(
                 f"the gateway at {self.gateway.url} routes to no server in rotation: add one "
@@ -168,15 +183,29 @@ class WeightSync:
             )
         return found
 
+    def _listed(self) -> list[dict[str, Any]]:
+        try:
+            return self.gateway.backends()
+        except httpx.TransportError as exc:
+            raise WeightSyncError(
+                f"the gateway at {self.gateway.url} does not answer ({type(exc).__name__}: "
+                f"{exc}): nothing was paused or pushed; start it (or point WeightSync at another "
+                "gateway on the same store) and try again",
+                SyncReport(version=None),
+            ) from exc
+
     def check(self, reference: Reference | None = None) -> SyncReport:
         """The start-up probe: every server against the trainer's model before step 1 (a
         tokenizer, dtype or template mismatch is caught here). Raises on a mismatch."""
         report = SyncReport(version=None)
         t0 = time.perf_counter()
-        for b in self.backends():
+        for b in [b for b in self.backends() if not b.get("quarantined")]:
             entry = BackendSync(name=b["name"], url=b["url"], kind=b["kind"], pushed=True)
             report.backends.append(entry)
-            self._verify(entry, reference or self.reference)
+            try:
+                self._verify(entry, reference or self.reference)
+            except httpx.TransportError as exc:
+                raise self._gateway_gone(report, "start-up check", exc) from exc
         report.verify_seconds = time.perf_counter() - t0
         report.resumed = True
         self._fail_if_any(report, "start-up check")
@@ -193,41 +222,97 @@ class WeightSync:
         """Push ``weights_path`` (a Hugging Face folder every server can read), verify, stamp
         ``version`` (with ordinal ``seq``, e.g. the trainer's step; default: one more than the
         last, which ``max_staleness`` counts in). Raises :class:`WeightSyncError` naming every
-        server that failed."""
+        server that failed, or the gateway if it stopped answering."""
         targets = self.backends()
         report = SyncReport(version=str(version))
+        self.history.append(report)
         t0 = time.perf_counter()
-        began = self.gateway.sync_begin(drain=self.mode == "drain", timeout=self.pause_timeout)
-        report.gateways = list(began.get("gateways", []))
+        self._begin(report)
         t1 = time.perf_counter()
         report.pause_seconds = t1 - t0
+        lease = _LeaseKeeper(self.gateway, str(report.epoch), self.lease)
+        lease.start()
+        step = "push"
         try:
             for b in targets:
                 entry = BackendSync(name=b["name"], url=b["url"], kind=b["kind"])
                 report.backends.append(entry)
-                self._push(entry, str(weights_path), str(version))
+                self._push(entry, str(weights_path), str(version), str(report.epoch))
             t2 = time.perf_counter()
             report.push_seconds = t2 - t1
+            step = "verification"
             for entry in report.backends:
                 if entry.pushed:
                     self._verify(entry, reference or self.reference)
             t3 = time.perf_counter()
             report.verify_seconds = t3 - t2
-        except BaseException:
-            # an unexpected failure (the gateway gone, an interrupt): the gateway stays paused,
-            # so nothing is served under a label whose weights were not verified
-            self.history.append(report)
-            raise
-        if any(e.verified for e in report.backends):
-            self.gateway.sync_end(version=str(version), seq=seq)
-            report.resumed = True
-        report.resume_seconds = time.perf_counter() - t3
-        self.history.append(report)
+            step = "end (stamping the version and resuming)"
+            if lease.lost is not None:
+                raise _EpochOver(lease.lost)
+            if any(e.verified for e in report.backends):
+                self._end(report, seq)
+            report.resume_seconds = time.perf_counter() - t3
+        except httpx.TransportError as exc:
+            # the gateway died or is cut off: the pause stays in the store until its lease
+            # lapses, so nothing is served under a label whose weights were not verified
+            raise self._gateway_gone(report, f"sync to {version!r}", exc, step) from exc
+        except _EpochOver as exc:
+            raise WeightSyncError(
+                f"sync to {version!r}: this sync's pause ended before the {step} was done: "
+                f"{exc}. Nothing was stamped; the servers it pushed to are out of rotation as "
+                "unverified. Call sync() again (a lease shorter than a push is renewed in the "
+                "background; a takeover means another trainer is syncing the same gateways)",
+                report,
+            ) from exc
+        finally:
+            lease.stop()
         self._fail_if_any(report, f"sync to {version!r}")
         return report
 
+    def _begin(self, report: SyncReport) -> None:
+        try:
+            began = self.gateway.sync_begin(
+                drain=self.mode == "drain", timeout=self.pause_timeout, lease=self.lease
+            )
+        except httpx.TransportError as exc:
+            raise self._gateway_gone(report, f"sync to {report.version!r}", exc, "pause") from exc
+        report.epoch = str(began["epoch"])
+        took_over = began.get("took_over")
+        report.took_over = took_over.get("epoch") if isinstance(took_over, dict) else None
+        report.gateways = list(began.get("gateways", []))
+
+    def _end(self, report: SyncReport, seq: int | None) -> None:
+        try:
+            self.gateway.sync_end(version=report.version, seq=seq, epoch=report.epoch)
+        except GatewayAPIError as exc:
+            if exc.code == "sync_epoch_over":
+                raise _EpochOver(exc.message) from exc
+            raise
+        report.resumed = True
+
+    def _gateway_gone(
+        self, report: SyncReport, what: str, exc: Exception, step: str = "verification"
+    ) -> WeightSyncError:
+        url = self.gateway.url
+        cause = f"{type(exc).__name__}: {exc}"
+        if report.epoch is None:
+            state = "nothing was pushed and no version stamped"
+        else:
+            state = (
+                f"nothing was stamped; every gateway on its store stays paused (calls wait) until "
+                f"this sync's lease lapses ({self.lease:g} s) or a new sync takes the pause over, "
+                "and the servers it pushed to stay out of rotation as unverified until a sync "
+                "verifies them"
+            )
+        return WeightSyncError(
+            f"{what}: the gateway at {url} stopped answering during the {step} ({cause}); "
+            f"{state}. Restart that gateway, or point WeightSync at another gateway on the same "
+            "store, and call sync() again: it pushes to and verifies every server again",
+            report,
+        )
+
     # ------------------------------------------------------------------ steps
-    def _push(self, entry: BackendSync, weights_path: str, version: str) -> None:
+    def _push(self, entry: BackendSync, weights_path: str, version: str, epoch: str) -> None:
         t0 = time.perf_counter()
         try:
             self.gateway.push_weights(
@@ -236,9 +321,13 @@ class WeightSync:
                 version=version,
                 keep=self.mode == "keep",
                 timeout=self.push_timeout,
+                epoch=epoch,
             )
             entry.pushed = True
-        except Exception as exc:  # the server's state is unknown now: out of rotation
+        except GatewayAPIError as exc:
+            if exc.code == "sync_epoch_over":
+                raise _EpochOver(exc.message) from exc
+            # the server's state is unknown now: out of rotation
             entry.error = f"push failed: {exc}"
             self._quarantine(entry)
         entry.push_seconds = time.perf_counter() - t0
@@ -249,7 +338,7 @@ class WeightSync:
             answer = self.gateway.probe_backend(
                 entry.name, prompt_ids=self.probe_ids, max_tokens=self.probe_tokens
             )
-        except Exception as exc:
+        except GatewayAPIError as exc:
             entry.error = f"probe failed: {exc}"
             self._quarantine(entry)
             entry.probe_seconds = time.perf_counter() - t0
@@ -293,14 +382,54 @@ class WeightSync:
         state = (
             "the gateway resumed on the verified servers"
             if report.resumed
-            else "no server was verified, so the gateway stays paused (calls wait, none is "
-            "lost): fix the servers and sync again, or POST /api/resume"
+            else f"no server was verified, so the gateway stays paused (calls wait, none is "
+            f"lost) until this sync's lease lapses ({self.lease:g} s; then calls are refused "
+            "while no server is in rotation): fix the servers and sync again, or POST /api/resume"
         )
         raise WeightSyncError(
             f"{what}: {len(report.failed)} of {len(report.backends)} servers failed and were "
             f"taken out of rotation; {state}:\n" + "\n".join(lines),
             report,
         )
+
+
+class _EpochOver(Exception):
+    """The sync's pause lapsed or was taken over before the sync ended (the gateway's 409)."""
+
+
+class _LeaseKeeper(threading.Thread):
+    """Renews the sync's pause every quarter lease while the sync runs (its own connection: the
+    sync's client is busy with a push that may outlast the lease)."""
+
+    def __init__(self, gateway: GatewayClient, epoch: str, lease: float) -> None:
+        super().__init__(name=f"weight-sync-lease-{epoch}", daemon=True)
+        self.url, self.admin_key = gateway.url, gateway.admin_key
+        self.epoch, self.lease = epoch, lease
+        self.lost: str | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        with GatewayClient(self.url, self.admin_key, timeout=max(5.0, self.lease / 4)) as c:
+            while not self._done.wait(self.lease / 4):
+                try:
+                    c.sync_renew(epoch=self.epoch, lease=self.lease)
+                except GatewayAPIError as exc:
+                    if exc.code == "sync_epoch_over":
+                        self.lost = exc.message
+                        return
+                except httpx.TransportError:
+                    pass  # the sync's own next request says the gateway is gone
+
+    def stop(self) -> None:
+        """Stop renewing (the sync ended, or failed: then the lease lapses by itself)."""
+        self._done.set()
+        if self.is_alive():
+            self.join(self.lease)
+
+
+def _unverified(backend: dict[str, Any]) -> bool:
+    reason = backend.get("quarantined")
+    return isinstance(reason, str) and reason.startswith(UNVERIFIED_PREFIX)
 
 
 def _fmt(values: Sequence[float]) -> str:

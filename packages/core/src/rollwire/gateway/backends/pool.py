@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from rollwire.gateway.config import BackendSpec
+from rollwire.gateway.errors import GatewayError
 
 __all__ = ["Backend", "BackendPool"]
 
@@ -117,6 +118,22 @@ class BackendPool:
         if len(self._sticky) > self._max_sticky:
             self._sticky.popitem(last=False)
         return best
+
+    def unavailable(self) -> GatewayError:
+        """The 503 for a call no backend may take, saying why (none added, or each one out of
+        rotation with its reason)."""
+        out = [b for b in self.backends.values() if b.quarantined is not None]
+        if not self.backends or len(out) < len(self.backends):
+            return GatewayError(
+                503, "no inference backend configured", "server_error", "no_backend"
+            )
+        reasons = "; ".join(f"{b.name} ({b.url}): {b.quarantined}" for b in out)
+        return GatewayError(
+            503,
+            f"every inference backend is out of rotation: {reasons}",
+            "server_error",
+            "no_backend",
+        )
 
     def stick(self, session_id: str, name: str) -> bool:
         """Route the session to backend ``name`` (learnt from the shared store) when this pool

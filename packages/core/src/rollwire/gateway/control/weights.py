@@ -33,6 +33,20 @@ def _seconds(body: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+def _epoch(body: dict[str, Any]) -> str | None:
+    value = body.get("epoch")
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+        raise GatewayError(400, f"epoch must be the sync's epoch string, got {value!r}")
+    return value
+
+
+def _lease(body: dict[str, Any]) -> float:
+    lease = _seconds(body, "lease", 60.0)
+    if not 1.0 <= lease <= 86400.0:
+        raise GatewayError(400, f"lease must be 1 to 86400 seconds, got {lease!r}")
+    return lease
+
+
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     value = body.get(key, default)
     if not isinstance(value, bool):
@@ -85,12 +99,13 @@ async def probe_backend(
 
 
 class WeightRoutes(ControlRoutes):
-    """``/api/sync/begin``, ``/api/sync/end``, ``/api/backends/{name}/weights|probe|quarantine``."""
+    """``/api/sync/begin|renew|end``, ``/api/backends/{name}/weights|probe|quarantine``."""
 
     def routes(self) -> list[Route]:
         """The Starlette routes of this group."""
         return [
             Route("/api/sync/begin", self.begin, methods=["POST"]),
+            Route("/api/sync/renew", self.renew, methods=["POST"]),
             Route("/api/sync/end", self.end, methods=["POST"]),
             Route("/api/backends/{name}/weights", self.weights, methods=["POST"]),
             Route("/api/backends/{name}/probe", self.probe, methods=["POST"]),
@@ -112,7 +127,16 @@ class WeightRoutes(ControlRoutes):
         body = await self.body_of(request)
         drain = _flag(body, "drain", True)
         timeout = _seconds(body, "timeout", 120.0)
-        return json_response(await self.gw.barrier.begin(drain=drain, timeout=timeout))
+        lease = _lease(body)
+        return json_response(await self.gw.barrier.begin(drain=drain, timeout=timeout, lease=lease))
+
+    async def renew(self, request: Request) -> Response:
+        self.require_admin(request)
+        body = await self.body_of(request)
+        epoch = _epoch(body)
+        if epoch is None:
+            raise GatewayError(400, "epoch is required: the one /api/sync/begin answered")
+        return json_response(await self.gw.barrier.renew(epoch, _lease(body)))
 
     async def end(self, request: Request) -> Response:
         self.require_admin(request)
@@ -120,7 +144,8 @@ class WeightRoutes(ControlRoutes):
         version = body.get("version")
         if version is not None and (not isinstance(version, str) or not 0 < len(version) <= 256):
             raise GatewayError(400, f"version must be a 1 to 256 character string, got {version!r}")
-        return json_response(await self.gw.barrier.end(version, check_seq(body)))
+        seq = check_seq(body)
+        return json_response(await self.gw.barrier.end(version, seq, epoch=_epoch(body)))
 
     async def weights(self, request: Request) -> Response:
         self.require_admin(request)
@@ -131,13 +156,17 @@ class WeightRoutes(ControlRoutes):
             raise GatewayError(400, f"weights_path must be a folder path, got {path!r}")
         if not isinstance(version, str) or not 0 < len(version) <= 256:
             raise GatewayError(400, f"version must be a 1 to 256 character string, got {version!r}")
+        keep = _flag(body, "keep", False)
+        timeout = _seconds(body, "timeout", self.gw.config.upstream_timeout)
+        epoch = _epoch(body)
+        await self.gw.barrier.pushing(backend, epoch=epoch, version=version, weights_path=path)
         result = await push_weights(
             self.gw.http,
             backend,
             weights_path=path,
             version=version,
-            keep=_flag(body, "keep", False),
-            timeout=_seconds(body, "timeout", self.gw.config.upstream_timeout),
+            keep=keep,
+            timeout=timeout,
         )
         return json_response(result)
 

@@ -119,7 +119,7 @@ async def models(gw: GatewayPort) -> Response:
     """``GET /v1/models``, relayed from a backend."""
     backend = gw.pool.pick("")
     if backend is None:
-        raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
+        raise gw.pool.unavailable()
     try:
         async with gw.http.get(backend.url + MODELS_PATH) as resp:
             data = await resp.read()
@@ -270,7 +270,7 @@ async def _dispatch(
         flags += tool_choice_flags(body)
     backend = gw.pool.pick(rec.session_id)
     if backend is None:
-        raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
+        raise gw.pool.unavailable()
     stream = bool(body.get("stream"))
     chat = path == CHAT_PATH
     if rec.chat_template_kwargs and chat:
@@ -318,7 +318,7 @@ async def tokens_chat(
     rec = st.record
     backend = gw.pool.pick(rec.session_id)
     if backend is None:
-        raise GatewayError(503, "no inference backend configured", "server_error", "no_backend")
+        raise gw.pool.unavailable()
 
     def _apply(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         return gw.apply_sampling(rec, params)

@@ -76,8 +76,10 @@ def prepare_body(backend: Backend, fwd: dict[str, Any], chat: bool) -> bytes:
     return orjson.dumps(body)
 
 
-def _unreachable(last: BaseException | None) -> GatewayError:
+def _unreachable(gw: GatewayPort, last: BaseException | None) -> GatewayError:
     if last is None:
+        if gw.pool.backends and all(b.quarantined for b in gw.pool.backends.values()):
+            return gw.pool.unavailable()
         return GatewayError(503, "no healthy inference backend", "server_error", "no_backend")
     return GatewayError(
         502, f"inference backend unreachable: {last}", "server_error", "bad_gateway"
@@ -124,7 +126,7 @@ async def _with_failover(
         if not hold:
             backend.in_flight -= 1
         return backend, result
-    raise _unreachable(last)
+    raise _unreachable(gw, last)
 
 
 def _stream_connect_failure(exc: BaseException) -> bool:
