@@ -44,6 +44,7 @@ class VLLMServer:
         pythonpath: Path | None = None,
         extra_args: tuple[str, ...] = (),
         dev_mode: bool = True,
+        scripted: bool = True,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -54,7 +55,7 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             # the CPU backend reserves 92 % of RAM for the KV cache unless told a size
             "--kv-cache-memory-bytes", str(256 * 2**20),
-            "--logits-processors", SCRIPTED,
+            *(("--logits-processors", SCRIPTED) if scripted else ()),
             *BASE_ARGS, *extra_args,
         ]  # fmt: skip
         env = dict(os.environ)

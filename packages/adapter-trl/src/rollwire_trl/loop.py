@@ -20,7 +20,7 @@ import orjson
 
 from rollwire_trl.policy import StartingPolicy, resumed_policy, warmed_up_policy
 from rollwire_trl.steps import EvalPoint, StepRecord, read_steps, write_step
-from rollwire_trl.sync import SyncHook, copy_tokenizer
+from rollwire_trl.sync import SyncHook, save_policy
 
 __all__ = ["TASKS", "TrainResult", "TrainSpec", "train"]
 
@@ -29,6 +29,10 @@ TASKS: dict[str, dict[str, str]] = {
     "lockbox": {
         "agent": "rollwire.envs.lockbox.agent_openai:app",
         "module": "rollwire.envs.lockbox",
+    },
+    "calculator": {
+        "agent": "rollwire.envs.calculator.agent_openai:app",
+        "module": "rollwire.envs.calculator",
     },
 }
 #: TRL's importance-sampling modes, and "off"
@@ -55,6 +59,8 @@ class TrainSpec:
     #: last update's direction — seen to wreck a solved policy of the tiny model in a few steps
     adam_beta1: float = 0.0
     beta: float = 0.0
+    #: LoRA rank (peft, every linear layer; alpha = 2 x rank); 0 trains the full weights
+    lora_rank: int = 0
     temperature: float = 1.0
     max_tokens: int = 8
     warmup_steps: int = 150
@@ -232,6 +238,15 @@ def train(spec: TrainSpec) -> TrainResult:
         raise ValueError(
             f"importance_sampling must be one of {IMPORTANCE_MODES}, got {spec.importance_sampling!r}"
         )
+    if spec.lora_rank < 0:
+        raise ValueError(
+            f"lora_rank must be 0 (full weights) or a positive rank, got {spec.lora_rank}"
+        )
+    if spec.lora_rank and spec.resume:
+        raise ValueError(
+            "--resume continues full-weight runs only: a LoRA run's checkpoints hold adapters; "
+            "start a new run from its final/ folder with --model instead"
+        )
     started = time.perf_counter()
     if not spec.verbose:
         from transformers.utils import logging as hf_logging
@@ -276,9 +291,7 @@ def train(spec: TrainSpec) -> TrainResult:
         final = evals[-1] if evals[-1].step == spec.steps else evaluate(spec.steps)
         if final is not evals[-1]:
             evals.append(final)
-        final_dir = spec.out / "final"
-        trainer.save_model(str(final_dir))
-        copy_tokenizer(policy.tokenizer_folder, final_dir)
+        final_dir = save_policy(trainer.model, spec.out / "final", policy.tokenizer_folder)
     result = TrainResult(
         baseline, final, records, policy, final_dir, time.perf_counter() - started, evals
     )

@@ -99,12 +99,16 @@ class StepRecord:
     #: the policy versions the gateway stamped on this step's calls (the previous step's)
     policy_versions: list[str] = field(default_factory=list)
     trl: dict[str, float] = field(default_factory=dict)
+    #: what the sync hook returned, when numbers (WeightSync: the time split and the probe's
+    #: server-vs-trainer log-prob difference before and after the push)
+    sync: dict[str, float] = field(default_factory=dict)
     eval: EvalPoint | None = None
 
     def flat(self) -> dict[str, float]:
         """Numbers for a metrics sink (``train/...``, ``eval/...``)."""
         out = {f"train/{k}": float(v) for k, v in asdict(self).items() if _number(v)}
         out.update({f"train/{k}": v for k, v in self.trl.items()})
+        out.update({k if "/" in k else f"sync/{k}": v for k, v in self.sync.items()})
         if self.eval is not None:
             out["eval/pass@1"] = self.eval.pass_at_1
             out["eval/mean_reward"] = self.eval.mean_reward
@@ -119,6 +123,13 @@ def _number(v: Any) -> bool:
 def _versions(batch: RolloutBatch) -> list[str]:
     found = {c.policy_version for r in batch.rollouts for c in r.calls}
     return sorted(v for v in found if v is not None)
+
+
+def _sync_figures(record: SyncRecord | None) -> dict[str, float]:
+    result = record.result if record is not None else None
+    if not isinstance(result, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in result.items() if _number(v)}
 
 
 def batch_figures(batch: RolloutBatch, success_threshold: float = 1.0) -> dict[str, float]:
@@ -201,6 +212,7 @@ class StepReporter(TrainerCallback):  # type: ignore[misc]
             forked=self._batch.report.forked if self._batch else 0,
             placeholders=self._batch.report.placeholders if self._batch else 0,
             policy_versions=_versions(self._batch) if self._batch else [],
+            sync=_sync_figures(self._sync),
         )
         if self.evaluate is not None and self.eval_every and record.step % self.eval_every == 0:
             record.eval = self.evaluate(record.step)

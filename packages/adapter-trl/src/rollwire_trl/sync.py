@@ -115,15 +115,44 @@ class WeightSyncCallback(TrainerCallback):  # type: ignore[misc]
 def save_policy(
     model: Any, folder: Path, tokenizer_dir: Path | None = None, tokenizer: Any = None
 ) -> Path:
-    """``model`` as a Hugging Face folder (safetensors, float32) a server can load."""
+    """``model`` as a Hugging Face folder (safetensors, float32) a server can load; a LoRA
+    (peft) model is saved with its adapters merged in, as the full model a server reloads."""
     folder.mkdir(parents=True, exist_ok=True)
     unwrapped = getattr(model, "module", model)
-    unwrapped.save_pretrained(folder, safe_serialization=True)
+    if getattr(unwrapped, "peft_config", None) and hasattr(unwrapped, "merge_adapter"):
+        _save_merged(unwrapped, folder)
+    else:
+        unwrapped.save_pretrained(folder, safe_serialization=True)
     if tokenizer_dir is not None:
         copy_tokenizer(tokenizer_dir, folder)
     elif tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return folder
+
+
+def _save_merged(model: Any, folder: Path) -> None:
+    """The base model with each LoRA layer's delta added to its weight, under the base model's
+    own parameter names (as TRL names them for its vLLM push). Computed beside the weights, not
+    merged into them: a merge and unmerge would leave rounding drift in the trained base."""
+    base = model.get_base_model()
+    deltas: dict[str, Any] = {}
+    for name, module in base.named_modules():
+        if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
+            continue
+        if getattr(module, "merged", False):  # already in the weight
+            continue
+        for adapter in getattr(module, "active_adapters", ()):
+            if adapter in getattr(module, "lora_A", {}):
+                key = f"{name}.base_layer.weight"
+                delta = module.get_delta_weight(adapter).detach()
+                deltas[key] = deltas[key] + delta if key in deltas else delta
+    state = {}
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name or "original_module" in name:
+            continue
+        value = tensor + deltas[name].to(tensor.dtype) if name in deltas else tensor
+        state[name.replace(".base_layer", "").replace("modules_to_save.default.", "")] = value
+    base.save_pretrained(folder, state_dict=state, safe_serialization=True)
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rollwire_trl.loop import TrainSpec
     from rollwire_trl.policy import StartingPolicy
 
-__all__ = ["Progress", "build_trainer", "grpo_config", "step_line"]
+__all__ = ["Progress", "build_trainer", "grpo_config", "lora_config", "probe_mismatch", "step_line"]
 
 
 def grpo_config(spec: TrainSpec) -> Any:
@@ -140,11 +140,30 @@ def _sync_hook(spec: TrainSpec, gateway: Any, model: Any) -> SyncHook:
     weight_sync.check()  # before step 1: the servers serve what the trainer holds
 
     def sync(folder: Path, version: str) -> dict[str, float]:
+        before = probe_mismatch(weight_sync)  # the servers still on the last version
         # the step is the version's ordinal, what a staleness bound counts in
         seq = int(version) if version.isdigit() else None
-        return weight_sync.sync(folder, version, seq=seq).summary()
+        out: dict[str, float] = weight_sync.sync(folder, version, seq=seq).summary()
+        out["sync/probe_before_max_abs_diff"] = before
+        return out
 
     return sync
+
+
+def probe_mismatch(weight_sync: Any) -> float:
+    """The largest |server - trainer| log-prob over the sync's greedy probe on every server in
+    rotation, without pushing: before a sync, how far the optimizer step moved the trainer from
+    what the servers still serve (after it, the sync's own verification measures the same)."""
+    worst = 0.0
+    for b in weight_sync.backends():
+        answer = weight_sync.gateway.probe_backend(
+            b["name"], prompt_ids=weight_sync.probe_ids, max_tokens=weight_sync.probe_tokens
+        )
+        ids = [int(t) for t in answer["completion_ids"]]
+        expected = weight_sync.reference(weight_sync.probe_ids, ids)
+        diffs = [abs(float(a) - float(e)) for a, e in zip(answer["logprobs"], expected)]
+        worst = max([worst, *diffs])
+    return worst
 
 
 def build_trainer(
@@ -199,6 +218,7 @@ def build_trainer(
     dataset = Dataset.from_list([{"prompt": str(t["task_id"])} for t in train_tasks])
     trainer = RollwireGRPOTrainer(
         model=model,
+        peft_config=lora_config(spec.lora_rank),
         args=grpo_config(spec),
         processing_class=tokenizer,
         reward_funcs=[rollwire_reward],
@@ -208,6 +228,23 @@ def build_trainer(
     )
     trainer.remove_callback(PrinterCallback)  # the step lines above replace its dicts
     return trainer
+
+
+def lora_config(rank: int) -> Any:
+    """peft's ``LoraConfig`` for ``rank`` on every linear layer (alpha 2 x rank), or None."""
+    if not rank:
+        return None
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise ValueError(
+            f"--lora-rank {rank} needs peft, which is not installed: pip install peft "
+            "(or --lora-rank 0 to train the full weights)"
+        ) from None
+    return LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )  # fmt: skip
 
 
 def gateway_version(gateway: Any, version: str) -> None:

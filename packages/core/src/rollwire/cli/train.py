@@ -97,7 +97,8 @@ def train(
         "lockbox",
         "--task",
         metavar="NAME",
-        help="Built-in task (lockbox: the embedded model learns it in minutes).",
+        help="Built-in task: lockbox (the embedded model learns it in minutes) or calculator "
+        "(a two-turn arithmetic task with a calculator tool, for a real --model).",
     ),
     agent: str = typer.Option(
         None,
@@ -148,6 +149,14 @@ def train(
         "--beta",
         metavar="B",
         help="KL penalty to the starting policy (0: none, as TRL's default).",
+    ),
+    lora_rank: int = typer.Option(
+        0,
+        "--lora-rank",
+        min=0,
+        metavar="R",
+        help="Train LoRA adapters of rank R on every linear layer (needs peft; alpha 2R; the "
+        "servers get the merged weights); 0 trains the full weights.",
     ),
     temperature: float = typer.Option(
         1.0, "--temperature", metavar="T", help="Sampling temperature (TRL scores at the same one)."

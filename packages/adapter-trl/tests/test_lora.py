@@ -1,0 +1,64 @@
+"""LoRA runs: the folder a sync pushes is the full model with the adapters merged in (a server
+cannot load adapters by ``reload_weights``), under the base model's own parameter names, and it
+computes what the trainer's LoRA model computes; the adapters stay unmerged for training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def test_a_lora_model_is_saved_merged_and_matches_the_trainer(
+    trl: ModuleType, tmp_path: Path
+) -> None:
+    peft = pytest.importorskip("peft", reason="LoRA runs need peft (.venv-trl has it)")
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from rollwire_trl.sync import save_policy
+    from rollwire_trl.trainer_setup import lora_config
+
+    cfg = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(cfg).float()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    model = peft.get_peft_model(base, lora_config(4))
+    with torch.no_grad():  # LoRA starts as a no-op (B = 0): give it a real delta
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2]])
+    with torch.no_grad():
+        expected = model(ids).logits
+
+    folder = save_policy(model, tmp_path / "step-1")
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert not [k for k in keys if "lora" in k or "base_layer" in k]
+    assert keys <= set(before) and "model.layers.0.self_attn.q_proj.weight" in keys
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        served = reloaded(ids).logits
+        plain = LlamaForCausalLM(cfg).float()
+        plain.load_state_dict(before)
+        untrained = plain(ids).logits
+    assert torch.allclose(served, expected, atol=1e-5)
+    assert not torch.allclose(served, untrained, atol=1e-2)  # the delta really is in there
+    # the trainer's model is unmerged again: its base weights are the starting ones
+    q = model.get_base_model().model.layers[0].self_attn.q_proj
+    assert torch.equal(q.base_layer.weight, before["model.layers.0.self_attn.q_proj.weight"])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, expected, atol=1e-6)
+
+
+def test_lora_config_is_none_for_full_weights() -> None:
+    from rollwire_trl.trainer_setup import lora_config
+
+    assert lora_config(0) is None
