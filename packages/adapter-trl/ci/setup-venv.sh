@@ -17,7 +17,7 @@ t0=$SECONDS
 
 check_imports() {
   "$PY" - <<'PY' 2>/dev/null
-import torch, transformers, trl  # noqa
+import torch, transformers, trl, peft  # noqa
 from trl import GRPOConfig, GRPOTrainer  # noqa
 import pytest, pytest_asyncio, pytest_timeout, xdist  # noqa
 import rollwire, rollwire_trl  # noqa
@@ -54,9 +54,9 @@ if check_imports; then
   # with dependencies: a package rollwire gained since the venv was built gets installed too
   uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" "${EDITABLES[@]}"
 else
-  log "uv pip install torch==$TORCH_VERSION+cpu, $TRL_SPEC, transformers, rollwire (editable), pytest"
+  log "uv pip install torch==$TORCH_VERSION+cpu, $TRL_SPEC, transformers, peft, rollwire (editable), pytest"
   uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" \
-    "torch==$TORCH_VERSION+cpu" "$TRL_SPEC" "transformers>=4.56" "${EDITABLES[@]}" \
+    "torch==$TORCH_VERSION+cpu" "$TRL_SPEC" "transformers>=4.56" "peft>=0.13" "${EDITABLES[@]}" \
     "pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "hypothesis>=6.100"
   if ! check_imports; then
     log "the venv still does not import everything; the error:"
