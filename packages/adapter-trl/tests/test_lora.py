@@ -7,8 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-
 
 def test_a_lora_model_is_saved_merged_and_matches_the_trainer(
     trl: ModuleType, tmp_path: Path
