@@ -224,6 +224,7 @@ def _config(spec: TinkerTrainSpec, service: Service) -> TinkerConfig:
         base_url=service.base_url,
         api_key=spec.api_key or ("tml-rollwire" if service.local else None),
         lora_rank=spec.lora_rank,
+        seed=spec.seed,
         loss_fn=spec.loss_fn,
         learning_rate=spec.learning_rate,
         beta1=spec.adam_beta1,

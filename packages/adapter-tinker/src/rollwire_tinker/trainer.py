@@ -38,6 +38,8 @@ class TinkerConfig:
     #: None: ``$TINKER_API_KEY``; SkyRL's server accepts any key that starts with ``tml-``
     api_key: str | None = None
     lora_rank: int = 8
+    #: the LoRA adapter's initialisation seed (None: the service picks one at random)
+    seed: int | None = None
     loss_fn: LossFn = "importance_sampling"
     #: PPO's ratio clip, as ``loss_fn_config`` (only sent with ``loss_fn="ppo"``)
     clip_low: float = 0.8
@@ -158,7 +160,7 @@ class TinkerTrainer:
         """The LoRA ``TrainingClient`` of ``config.base_model`` (created on first use)."""
         if self._training is None:
             self._training = self.service_client.create_lora_training_client(
-                base_model=self.config.base_model, rank=self.config.lora_rank
+                base_model=self.config.base_model, rank=self.config.lora_rank, seed=self.config.seed
             )
         return self._training
 
