@@ -36,6 +36,9 @@ def test_sampling_parameters_map_onto_the_sdk() -> None:
     assert mapped == {"max_tokens": 5, "temperature": 0.0, "top_p": 0.9, "seed": 3, "stop": ["\n"]}
     assert types.SamplingParams(**mapped).stop == ["\n"]
     assert sampling_params({"stop_token_ids": [2]}) == {"stop": [2]}
+    # a Tinker sampler has no default stop: the template's end of turn, unless the call has one
+    assert sampling_params({"max_tokens": 4}, eos_id=7) == {"max_tokens": 4, "stop": [7]}
+    assert sampling_params({"stop_token_ids": [2]}, eos_id=7) == {"stop": [2]}
 
 
 def test_passthrough_is_refused_and_only_sampler_paths_are_pushed() -> None:

@@ -23,6 +23,8 @@ class TinkerAdapter:
     requires: Sequence[str] = ()
     #: the trainer's distribution: without it the adapter is "export only" (``rollwire plugins``)
     framework = "tinker"
+    #: what ``rollwire train --trainer tinker`` needs (SkyRL too, for a server started here)
+    train_requires: Sequence[str] = ("tinker>=0.18.2", "transformers>=4.45")
     export_suffix = ".tinker.jsonl"
 
     def convert(self, batch: Batch, **options: Any) -> list[TinkerDatum]:
@@ -40,6 +42,32 @@ class TinkerAdapter:
                 f.write(b"\n")
         tmp.replace(path)
         return path
+
+    def train(self, **options: Any) -> Any:
+        """Run ``rollwire train --trainer tinker`` (:func:`rollwire_tinker.loop.train`) with the
+        CLI's options; those that only the TRL loop has are refused unless left at default."""
+        from rollwire_tinker.loop import TinkerTrainSpec
+        from rollwire_tinker.loop import train as run
+
+        if options.pop("backend", None) is not None:
+            raise ValueError(
+                "--backend is the TRL loop's inference server; with --trainer tinker the Tinker "
+                "service's sampler serves the policy (--base-url)"
+            )
+        if options.pop("beta", 0.0):
+            raise ValueError(
+                "--beta: Tinker's importance_sampling and ppo losses have no KL penalty to the "
+                "starting policy; leave it at 0 with --trainer tinker"
+            )
+        mode = options.pop("importance_sampling", "token_truncate")
+        if mode != "token_truncate":
+            raise ValueError(
+                f"--importance-sampling {mode} is TRL's setting; with --trainer tinker choose "
+                "the loss with --loss-fn (importance_sampling or ppo: both weigh each token by "
+                "exp(trainer - captured log-prob))"
+            )
+        options.pop("save_every", None)  # every step saves a sampler checkpoint on the service
+        return run(TinkerTrainSpec(**options))
 
     def flatten(self, converted: Any) -> list[ExportedRow]:
         """The rows the datums train on, rebuilt from ``TinkerDatum``s or exported lines."""

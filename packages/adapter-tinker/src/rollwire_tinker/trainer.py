@@ -16,7 +16,14 @@ import numpy as np
 
 from rollwire_tinker.datums import TinkerDatum
 
-__all__ = ["StepResult", "TinkerConfig", "TinkerTrainer", "ratio_stats", "tinker_reference"]
+__all__ = [
+    "StepResult",
+    "TinkerConfig",
+    "TinkerTrainer",
+    "loss_stats",
+    "ratio_stats",
+    "tinker_reference",
+]
 
 LossFn = Literal["importance_sampling", "ppo"]
 
@@ -31,6 +38,8 @@ class TinkerConfig:
     #: None: ``$TINKER_API_KEY``; SkyRL's server accepts any key that starts with ``tml-``
     api_key: str | None = None
     lora_rank: int = 8
+    #: the LoRA adapter's initialisation seed (None: the service picks one at random)
+    seed: int | None = None
     loss_fn: LossFn = "importance_sampling"
     #: PPO's ratio clip, as ``loss_fn_config`` (only sent with ``loss_fn="ppo"``)
     clip_low: float = 0.8
@@ -77,6 +86,19 @@ def _sdk() -> Any:
     return tinker
 
 
+def loss_stats(datums: Sequence[TinkerDatum], outputs: Sequence[Any]) -> dict[str, float]:
+    """The mean per-token loss over the trained tokens, when the service returns
+    ``elementwise_loss`` (SkyRL does; hosted Tinker reports ``loss:sum`` in its metrics)."""
+    total, count = 0.0, 0
+    for datum, out in zip(datums, outputs):
+        if "elementwise_loss" not in out:
+            return {}
+        trained = datum.trained()
+        total += float(np.asarray(out["elementwise_loss"].to_numpy())[trained].sum())
+        count += int(trained.sum())
+    return {"loss": total / count} if count else {}
+
+
 def ratio_stats(
     datums: Sequence[TinkerDatum],
     trainer_logprobs: Sequence[np.ndarray],
@@ -116,6 +138,8 @@ class TinkerTrainer:
         self.steps = 0
         self.sampling_client: Any = None
         self.policy_version: str | None = None
+        #: the ``tinker://`` path of the newest sampler checkpoint (``named_checkpoints``)
+        self.model_path: str | None = None
 
     @property
     def service_client(self) -> Any:
@@ -136,9 +160,19 @@ class TinkerTrainer:
         """The LoRA ``TrainingClient`` of ``config.base_model`` (created on first use)."""
         if self._training is None:
             self._training = self.service_client.create_lora_training_client(
-                base_model=self.config.base_model, rank=self.config.lora_rank
+                base_model=self.config.base_model, rank=self.config.lora_rank, seed=self.config.seed
             )
         return self._training
+
+    def version_name(self, step: int) -> str:
+        """The policy version (and sampler checkpoint name) of the weights after ``step`` steps."""
+        return f"{self.config.version_prefix}-{step:06d}"
+
+    def save_sampler(self, name: str) -> str:
+        """Save the current weights as sampler checkpoint ``name``; returns its ``tinker://`` path."""
+        path = str(self.training_client.save_weights_for_sampler(name).result().path)
+        self.model_path, self.policy_version = path, name
+        return path
 
     def step(self, datums: Sequence[TinkerDatum]) -> StepResult:
         """``forward_backward`` on ``datums``, ``optim_step``, then a new sampling client."""
@@ -163,10 +197,10 @@ class TinkerTrainer:
             )
         ).result()
         t2 = time.perf_counter()
-        version = f"{cfg.version_prefix}-{self.steps + 1:06d}"
+        version = self.version_name(self.steps + 1)
         model_path = None
         if cfg.named_checkpoints:
-            model_path = client.save_weights_for_sampler(version).result().path
+            model_path = self.save_sampler(version)
             sampler = client.create_sampling_client(model_path)
         else:
             sampler = client.save_weights_and_get_sampling_client()
@@ -175,6 +209,7 @@ class TinkerTrainer:
         self.sampling_client, self.policy_version = sampler, version
         trainer_logprobs = [out["logprobs"].to_numpy() for out in fb.loss_fn_outputs]
         metrics = {k: float(v) for k, v in (fb.metrics or {}).items()}
+        metrics.update(loss_stats(datums, fb.loss_fn_outputs))
         metrics.update(
             ratio_stats(datums, trainer_logprobs, cfg.loss_fn, (cfg.clip_low, cfg.clip_high))
         )

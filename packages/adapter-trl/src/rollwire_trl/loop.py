@@ -12,29 +12,28 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-
+from rollwire.trainer.training_run import (
+    TASKS,
+    StepLog,
+    TrainResult,
+    datasets,
+    evaluator,
+    finish_run,
+    measure_baseline,
+    prepare_out,
+    rollout_client,
+    task_module,
+    write_heldout,
+)
 from rollwire_trl.policy import StartingPolicy, resumed_policy, warmed_up_policy
-from rollwire_trl.steps import EvalPoint, StepRecord, read_steps, write_step
 from rollwire_trl.sync import SyncHook, save_policy
 
 __all__ = ["TASKS", "TrainResult", "TrainSpec", "train"]
 
-#: built-in tasks: the agent, and the module that makes tasks and warm-up conversations
-TASKS: dict[str, dict[str, str]] = {
-    "lockbox": {
-        "agent": "rollwire.envs.lockbox.agent_openai:app",
-        "module": "rollwire.envs.lockbox",
-    },
-    "calculator": {
-        "agent": "rollwire.envs.calculator.agent_openai:app",
-        "module": "rollwire.envs.calculator",
-    },
-}
 #: TRL's importance-sampling modes, and "off"
 IMPORTANCE_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off")
 
@@ -87,54 +86,6 @@ class TrainSpec:
     log: Callable[[str], None] = print
 
 
-@dataclass
-class TrainResult:
-    """What a run did: the baseline and final held-out evaluations, every step, the files."""
-
-    baseline: EvalPoint
-    final: EvalPoint
-    steps: list[StepRecord]
-    policy: StartingPolicy
-    final_dir: Path
-    wall_s: float
-    evals: list[EvalPoint] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON written to ``summary.json``."""
-        return {
-            "baseline": asdict(self.baseline),
-            "final": asdict(self.final),
-            "evals": [asdict(e) for e in self.evals],
-            "steps": len(self.steps),
-            "warmup_steps": self.policy.warmup_steps,
-            "warmup_loss": self.policy.warmup_loss,
-            "final_dir": str(self.final_dir),
-            "wall_s": self.wall_s,
-        }
-
-
-def _task_module(spec: TrainSpec) -> Any:
-    import importlib
-
-    if spec.task not in TASKS:
-        raise ValueError(f"unknown task {spec.task!r}: built in are {sorted(TASKS)}")
-    return importlib.import_module(TASKS[spec.task]["module"])
-
-
-def _datasets(spec: TrainSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    train_tasks, held = spec.tasks, spec.eval_tasks
-    if train_tasks is None or held is None:
-        module = _task_module(spec)
-        if train_tasks is None:
-            train_tasks = module.make_tasks(spec.steps * spec.tasks_per_step, "train", spec.seed)
-        if held is None:
-            held = module.make_tasks(spec.eval_size, "heldout", spec.seed + 1)
-    assert train_tasks is not None and held is not None
-    for i, t in enumerate(train_tasks):
-        t.setdefault("task_id", f"train-{i}")
-    return train_tasks, held
-
-
 def _starting_policy(spec: TrainSpec) -> StartingPolicy:
     start = _starting_policy_fresh(spec)
     return resumed_policy(spec.out, start) if spec.resume else start
@@ -143,7 +94,7 @@ def _starting_policy(spec: TrainSpec) -> StartingPolicy:
 def _starting_policy_fresh(spec: TrainSpec) -> StartingPolicy:
     if spec.model is not None:
         return StartingPolicy(Path(spec.model))
-    conversations = _task_module(spec).warmup_conversations(
+    conversations = task_module(spec).warmup_conversations(
         max(1, spec.warmup_steps) * 32, teacher_accuracy=spec.teacher_accuracy, seed=spec.seed
     )
     return warmed_up_policy(
@@ -188,48 +139,6 @@ def _serving(spec: TrainSpec, policy: StartingPolicy) -> Iterator[tuple[str, Any
         yield url, gateway
 
 
-def _client(spec: TrainSpec, gateway: Any, max_staleness: int | None = None) -> Any:
-    from rollwire.agent.app import load_app
-    from rollwire.trainer.client import RolloutClient
-    from rollwire.trainer.runners import LocalRunner
-
-    agent = spec.agent or TASKS[spec.task]["agent"]
-    return RolloutClient(
-        gateway,
-        runner=LocalRunner(load_app(agent)),
-        group_size=spec.group_size,
-        sampling={"temperature": spec.temperature, "max_tokens": spec.max_tokens},
-        concurrency=spec.concurrency,
-        deadline=300.0,
-        max_staleness=max_staleness,
-    )
-
-
-def _evaluator(
-    spec: TrainSpec, client: Any, held: list[dict[str, Any]]
-) -> Callable[[int], EvalPoint]:
-    def evaluate(step: int) -> EvalPoint:
-        t0 = time.perf_counter()
-        result = client.evaluate(
-            held, [{"temperature": spec.temperature, "max_tokens": spec.max_tokens}], k=spec.eval_k
-        )
-        return EvalPoint.from_result(step, result, time.perf_counter() - t0)
-
-    return evaluate
-
-
-def _prepare_out(spec: TrainSpec) -> None:
-    spec.out.mkdir(parents=True, exist_ok=True)
-    if spec.resume:
-        return
-    leftovers = [p.name for p in spec.out.iterdir() if p.name in ("checkpoints", "steps.jsonl")]
-    if leftovers:
-        raise ValueError(
-            f"{spec.out} already holds a run ({', '.join(leftovers)}): pass --resume to continue "
-            "it, or choose another --out"
-        )
-
-
 def train(spec: TrainSpec) -> TrainResult:
     """Run the loop described in the module docstring; see :class:`TrainSpec`."""
     from rollwire_trl.trainer_setup import Progress, build_trainer
@@ -252,32 +161,34 @@ def train(spec: TrainSpec) -> TrainResult:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight loading and saving, at every step
-    _prepare_out(spec)
-    train_tasks, held = _datasets(spec)
-    # the held-out tasks, for `rollwire eval --tasks` on any checkpoint of the run
-    (spec.out / "heldout.jsonl").write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in held))
+    prepare_out(spec)
+    train_tasks, held = datasets(spec)
+    write_heldout(spec.out, held)
     policy = _starting_policy(spec)
-    steps_path = spec.out / "steps.jsonl"
     with _serving(spec, policy) as (server_url, gateway):
-        client = _client(spec, gateway)
-        evaluate = _evaluator(spec, client, held)
-        baseline = _baseline(spec, policy, evaluate)
-        records = [_as_record(r) for r in read_steps(steps_path, upto=policy.step)]
-        steps_path.write_bytes(b"".join(orjson.dumps(asdict(r)) + b"\n" for r in records))
-        evals = [baseline] + [r.eval for r in records if r.eval is not None]
-
-        def emit(record: StepRecord) -> None:
-            records.append(record)
-            write_step(steps_path, record)
-            if record.eval is not None:
-                evals.append(record.eval)
-
+        client = rollout_client(spec, gateway)
+        evaluate = evaluator(spec, client, held)
+        baseline = measure_baseline(spec, evaluate)
+        log = StepLog(spec.out, baseline, upto=policy.step)
         progress = Progress(spec.steps, policy.step, spec.progress, spec.metrics)
         if policy.step == 0:
             progress.log_eval(baseline)
-        ahead = _client(spec, gateway, spec.max_staleness) if spec.async_rollouts else None
+        ahead = (
+            rollout_client(spec, gateway, max_staleness=spec.max_staleness)
+            if spec.async_rollouts
+            else None
+        )
         trainer = build_trainer(
-            spec, policy, client, gateway, server_url, train_tasks, evaluate, emit, progress, ahead
+            spec,
+            policy,
+            client,
+            gateway,
+            server_url,
+            train_tasks,
+            evaluate,
+            log.emit,
+            progress,
+            ahead,
         )
         try:
             checkpoint = policy.checkpoint
@@ -288,39 +199,8 @@ def train(spec: TrainSpec) -> TrainResult:
                 ahead.close()
             progress.close()
             client.close()
-        final = evals[-1] if evals[-1].step == spec.steps else evaluate(spec.steps)
-        if final is not evals[-1]:
-            evals.append(final)
+        final = log.final(spec.steps, evaluate)
         final_dir = save_policy(trainer.model, spec.out / "final", policy.tokenizer_folder)
-    result = TrainResult(
-        baseline, final, records, policy, final_dir, time.perf_counter() - started, evals
-    )
-    (spec.out / "summary.json").write_bytes(
-        orjson.dumps(result.summary(), option=orjson.OPT_INDENT_2)
-    )
-    from rollwire.report.training import write_training_report
-
-    write_training_report(spec.out)
-    return result
-
-
-def _baseline(
-    spec: TrainSpec, policy: StartingPolicy, evaluate: Callable[[int], EvalPoint]
-) -> EvalPoint:
-    path = spec.out / "baseline.json"
-    if spec.resume and path.exists():
-        return EvalPoint(**orjson.loads(path.read_bytes()))
-    point = evaluate(0)
-    path.write_bytes(orjson.dumps(asdict(point)))
-    spec.log(
-        f"baseline before step 1: held-out pass@1 {point.pass_at_1:.3f} "
-        f"[{point.pass_at_1_low:.3f}, {point.pass_at_1_high:.3f}] over {point.attempts} attempts"
-    )
-    return point
-
-
-def _as_record(raw: dict[str, Any]) -> StepRecord:
-    ev = raw.pop("eval", None)
-    record = StepRecord(**raw)
-    record.eval = EvalPoint(**ev) if ev else None
-    return record
+    wall = time.perf_counter() - started
+    result = TrainResult(baseline, final, log.records, policy, final_dir, wall, log.evals)
+    return finish_run(spec.out, result)

@@ -11,17 +11,23 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-import orjson
 from transformers import TrainerCallback
 
+from rollwire.trainer.steps import EvalPoint, StepRecord, policy_versions, read_steps, write_step
+from rollwire.trainer.steps import batch_figures as _figures
 from rollwire_trl.rollout import RolloutBatch
 from rollwire_trl.sync import SyncRecord
 
-__all__ = ["EvalPoint", "StepRecord", "StepReporter", "batch_figures", "read_steps"]
+__all__ = [
+    "EvalPoint",
+    "StepRecord",
+    "StepReporter",
+    "batch_figures",
+    "read_steps",
+    "write_step",
+]
 
 #: TRL log keys kept in a step record, under rollwire's names
 _TRL_KEYS = {
@@ -43,86 +49,12 @@ _TRL_KEYS = {
 }
 
 
-@dataclass
-class EvalPoint:
-    """Held-out evaluation after ``step`` optimizer steps (0 = the baseline before step 1)."""
-
-    step: int
-    pass_at_1: float
-    pass_at_1_low: float
-    pass_at_1_high: float
-    mean_reward: float
-    tasks: int
-    attempts: int
-    seconds: float
-    pass_at_k: dict[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_result(cls, step: int, result: Any, seconds: float) -> EvalPoint:
-        """From an :class:`~rollwire.evaluation.EvalResult` of one setting."""
-        s = result.settings[0]
-        rate = s.success_rate
-        return cls(
-            step=step,
-            pass_at_1=rate.value,
-            pass_at_1_low=rate.low,
-            pass_at_1_high=rate.high,
-            mean_reward=s.mean_reward.value,
-            tasks=s.tasks,
-            attempts=s.attempts,
-            seconds=seconds,
-            pass_at_k={str(k): e.value for k, e in s.pass_at_k.items()},
-        )
-
-
-@dataclass
-class StepRecord:
-    """One optimizer step: rollouts, TRL's statistics, timing."""
-
-    step: int
-    reward_mean: float
-    reward_std: float
-    pass_rate: float
-    rollouts: int
-    failed: int
-    sampled_tokens: int
-    rollout_s: float
-    train_s: float
-    sync_s: float
-    tokens_per_s: float
-    #: of ``rollout_s``, the time the step waited for its rollouts (less when they ran ahead)
-    rollout_wait_s: float = 0.0
-    #: the whole step, from TRL's step start to its end
-    wall_s: float = 0.0
-    forked: int = 0
-    placeholders: int = 0
-    #: the policy versions the gateway stamped on this step's calls (the previous step's)
-    policy_versions: list[str] = field(default_factory=list)
-    trl: dict[str, float] = field(default_factory=dict)
-    #: what the sync hook returned, when numbers (WeightSync: the time split and the probe's
-    #: server-vs-trainer log-prob difference before and after the push)
-    sync: dict[str, float] = field(default_factory=dict)
-    eval: EvalPoint | None = None
-
-    def flat(self) -> dict[str, float]:
-        """Numbers for a metrics sink (``train/...``, ``eval/...``)."""
-        out = {f"train/{k}": float(v) for k, v in asdict(self).items() if _number(v)}
-        out.update({f"train/{k}": v for k, v in self.trl.items()})
-        out.update({k if "/" in k else f"sync/{k}": v for k, v in self.sync.items()})
-        if self.eval is not None:
-            out["eval/pass@1"] = self.eval.pass_at_1
-            out["eval/mean_reward"] = self.eval.mean_reward
-        out.pop("train/step", None)
-        return out
-
-
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _versions(batch: RolloutBatch) -> list[str]:
-    found = {c.policy_version for r in batch.rollouts for c in r.calls}
-    return sorted(v for v in found if v is not None)
+    return policy_versions(batch.rollouts)
 
 
 def _sync_figures(record: SyncRecord | None) -> dict[str, float]:
@@ -134,22 +66,7 @@ def _sync_figures(record: SyncRecord | None) -> dict[str, float]:
 
 def batch_figures(batch: RolloutBatch, success_threshold: float = 1.0) -> dict[str, float]:
     """Reward mean/std, pass rate and sampled tokens of one rollout batch."""
-    rollouts = batch.rollouts
-    rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts]
-    n = max(1, len(rewards))
-    mean = sum(rewards) / n
-    std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / n)
-    solved = sum(
-        r.status == "completed" and x >= success_threshold for r, x in zip(rollouts, rewards)
-    )
-    return {
-        "reward_mean": mean,
-        "reward_std": std,
-        "pass_rate": solved / n,
-        "rollouts": float(len(rollouts)),
-        "failed": float(sum(r.status != "completed" for r in rollouts)),
-        "sampled_tokens": float(batch.report.trainable_tokens),
-    }
+    return _figures(batch.rollouts, batch.report.trainable_tokens, success_threshold)
 
 
 class StepReporter(TrainerCallback):  # type: ignore[misc]
@@ -235,17 +152,3 @@ class StepReporter(TrainerCallback):  # type: ignore[misc]
         record.trl = {name: float(logs[key]) for key, name in _TRL_KEYS.items() if key in logs}
         self.emit(record)
         return control
-
-
-def write_step(path: Path, record: StepRecord) -> None:
-    """Append ``record`` to a ``steps.jsonl``."""
-    with path.open("ab") as f:
-        f.write(orjson.dumps(asdict(record), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-
-
-def read_steps(path: Path, *, upto: int | None = None) -> list[dict[str, Any]]:
-    """The records of a ``steps.jsonl`` (those of steps ``<= upto`` when given)."""
-    if not path.exists():
-        return []
-    out = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-    return [r for r in out if upto is None or int(r["step"]) <= upto]

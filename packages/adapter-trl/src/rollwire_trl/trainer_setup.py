@@ -6,8 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollwire.trainer.steps import EvalPoint, Progress, StepRecord, step_line
 from rollwire_trl.rollout import RolloutFunction, rollwire_reward
-from rollwire_trl.steps import EvalPoint, StepRecord, StepReporter
+from rollwire_trl.steps import StepReporter
 from rollwire_trl.sync import SyncHook, WeightSyncCallback, http_weight_sync
 
 if TYPE_CHECKING:
@@ -55,74 +56,6 @@ def grpo_config(spec: TrainSpec) -> Any:
         vllm_importance_sampling_mode=spec.importance_sampling if correction else "token_truncate",
         vllm_importance_sampling_clip_max=spec.is_clip_max,
     )
-
-
-def step_line(record: StepRecord, total: int) -> str:
-    """One terminal line per step."""
-    t = record.trl
-    line = (
-        f"step {record.step:>3}/{total}  reward {record.reward_mean:.3f}±{record.reward_std:.3f}  "
-        f"pass {record.pass_rate:.2f}  loss {t.get('loss', 0.0):+.4f}  "
-        f"kl_behaviour {t.get('kl_behaviour', 0.0):.2e}  "
-        f"is_ratio {t.get('is_ratio_min', 1.0):.2f}..{t.get('is_ratio_max', 1.0):.2f}  "
-        f"clip {t.get('clip_ratio', 0.0):.3f}  {record.tokens_per_s:.0f} tok/s  "
-        f"rollout {record.rollout_s:.1f}s train {record.train_s:.1f}s sync {record.sync_s:.2f}s"
-    )
-    if record.eval is not None:
-        e = record.eval
-        line += (
-            f"  | held-out pass@1 {e.pass_at_1:.3f} [{e.pass_at_1_low:.3f}, {e.pass_at_1_high:.3f}]"
-        )
-    return line
-
-
-class Progress:
-    """A progress bar on a terminal (rich), nothing on a pipe; plus the metrics sink, if any."""
-
-    def __init__(self, total: int, done: int, enabled: bool, metrics: str | None) -> None:
-        self._bar: Any = None
-        self._task: Any = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as RichProgress
-
-            console = Console(stderr=True)
-            if console.is_terminal:
-                self._bar = RichProgress(
-                    TextColumn("training"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TextColumn("{task.description}"),
-                    TimeElapsedColumn(),
-                    console=console,
-                )
-                self._task = self._bar.add_task("", total=total, completed=done)
-                self._bar.start()
-        self.sink: Any = None
-        if metrics:
-            from rollwire.metrics_sinks import make_sink
-
-            self.sink = make_sink(metrics)
-
-    def update(self, record: StepRecord) -> None:
-        if self._bar is not None:
-            desc = f"reward {record.reward_mean:.2f} pass {record.pass_rate:.2f}"
-            self._bar.update(self._task, completed=record.step, description=desc)
-        if self.sink is not None:
-            self.sink.log(record.flat(), record.step)
-
-    def log_eval(self, point: EvalPoint) -> None:
-        if self.sink is not None:
-            self.sink.log(
-                {"eval/pass@1": point.pass_at_1, "eval/mean_reward": point.mean_reward}, point.step
-            )
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-        if self.sink is not None:
-            self.sink.close()
 
 
 def _sync_hook(spec: TrainSpec, gateway: Any, model: Any) -> SyncHook:

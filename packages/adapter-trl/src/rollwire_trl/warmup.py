@@ -14,43 +14,9 @@ from typing import Any
 
 import torch
 
+from rollwire.data.warmup import IGNORE, assistant_labels
+
 __all__ = ["assistant_labels", "supervised_warmup"]
-
-IGNORE = -100
-
-
-def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], generation: bool) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=generation, tokenize=True
-    )
-    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
-
-
-def assistant_labels(
-    tokenizer: Any, messages: Sequence[dict[str, Any]]
-) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)`` of a conversation; labels are ``-100`` except on each assistant
-    message's tokens up to and including its end-of-turn token."""
-    ids = _render(tokenizer, messages, generation=False)
-    labels = [IGNORE] * len(ids)
-    end = tokenizer.eos_token_id
-    for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
-        start = len(_render(tokenizer, messages[:i], generation=True))
-        stop = len(_render(tokenizer, messages[: i + 1], generation=False))
-        if ids[:start] != _render(tokenizer, messages[:i], generation=True):
-            raise ValueError(
-                f"the chat template does not render message {i} as an extension of the ones "
-                "before it; assistant tokens cannot be located for the warm-up"
-            )
-        for j in range(start, stop):
-            labels[j] = ids[j]
-            if ids[j] == end:
-                break
-    return ids, labels
 
 
 def supervised_warmup(

@@ -1,7 +1,8 @@
 """``rollwire train``: online RL on one machine — rollouts through the gateway, GRPO updates by TRL,
 weights pushed back to the server after every step, held-out pass@1 before and after.
 
-The loop itself lives in the TRL adapter (``rollwire-trl``, installed with ``rollwire[trl]``):
+The loop itself lives in the trainer's adapter (``--trainer trl``: ``rollwire-trl``, installed
+with ``rollwire[trl]``; ``--trainer tinker``: ``rollwire-tinker``, a Tinker service):
 this module only reads the options and loads that adapter through the plugin registry, so a
 machine without torch gets one line saying what to install.
 """
@@ -33,18 +34,30 @@ INSTALL_HINT = (
 )
 
 
-def _adapter() -> Any:
+#: the same for ``--trainer tinker``
+TINKER_HINT = (
+    "rollwire train --trainer tinker needs the Tinker SDK (and SkyRL for a server started "
+    'here): pip install "rollwire[tinker]" "tinker==0.18.2" "skyrl[tinker,jax]==0.3.0"; in a '
+    "rollwire checkout, bash packages/adapter-tinker/ci/setup-venv.sh builds .venv-tinker"
+)
+_HINTS = {"trl": INSTALL_HINT, "tinker": TINKER_HINT}
+
+
+def _adapter(trainer: str) -> Any:
     from rollwire.plugins import PluginError, check_requirements, load_trainer
 
+    hint = _HINTS.get(trainer)
+    if hint is None:
+        raise fail(f"--trainer {trainer!r}: choose one of {sorted(_HINTS)}")
     try:
-        adapter = load_trainer("trl")
+        adapter = load_trainer(trainer)
     except PluginError as exc:
-        raise fail(f"{exc}. {INSTALL_HINT}") from exc
+        raise fail(f"{exc}. {hint}") from exc
     if not callable(getattr(adapter, "train", None)):
-        raise fail("the installed trl plugin has no train(): upgrade rollwire-trl")
+        raise fail(f"the installed {trainer} plugin has no train(): upgrade rollwire-{trainer}")
     problems = check_requirements(getattr(adapter, "train_requires", ()))
     if problems:
-        raise fail(f"{'; '.join(problems)}. {INSTALL_HINT}")
+        raise fail(f"{'; '.join(problems)}. {hint}")
     return adapter
 
 
@@ -86,6 +99,31 @@ def _summary(result: Any, out: Path) -> Table:
 
 
 def train(
+    trainer: str = typer.Option(
+        "trl",
+        "--trainer",
+        metavar="NAME",
+        help="trl (GRPO in this process) or tinker (a Tinker service: --base-url, or SkyRL's "
+        "server started here).",
+    ),
+    base_url: str = typer.Option(
+        None,
+        "--base-url",
+        metavar="URL",
+        help="--trainer tinker: the Tinker service (default: start SkyRL's server here).",
+    ),
+    base_model: str = typer.Option(
+        None,
+        "--base-model",
+        metavar="NAME",
+        help="--trainer tinker: the service's model to train (with --base-url).",
+    ),
+    loss_fn: str = typer.Option(
+        "importance_sampling",
+        "--loss-fn",
+        metavar="NAME",
+        help="--trainer tinker: importance_sampling or ppo.",
+    ),
     out: Path = typer.Option(
         Path("rollwire-train"),
         "--out",
@@ -151,12 +189,12 @@ def train(
         help="KL penalty to the starting policy (0: none, as TRL's default).",
     ),
     lora_rank: int = typer.Option(
-        0,
+        None,
         "--lora-rank",
         min=0,
         metavar="R",
-        help="Train LoRA adapters of rank R on every linear layer (needs peft; alpha 2R; the "
-        "servers get the merged weights); 0 trains the full weights.",
+        help="Train LoRA adapters of rank R on every linear layer (TRL: needs peft, alpha 2R, the "
+        "servers get the merged weights; default 0, the full weights. Tinker: default 8).",
     ),
     temperature: float = typer.Option(
         1.0, "--temperature", metavar="T", help="Sampling temperature (TRL scores at the same one)."
@@ -237,8 +275,9 @@ def train(
         False, "--verbose", "-v", help="Log rollwire's and TRL's messages."
     ),
 ) -> None:
-    """Train the policy with GRPO (TRL) on rollouts captured by the gateway, syncing the server's
-    weights after every step; report held-out pass@1 before step 1 and after the last."""
+    """Train the policy with GRPO (TRL, or a Tinker service with --trainer tinker) on rollouts
+    captured by the gateway, syncing the server's weights after every step; report held-out
+    pass@1 before step 1 and after the last."""
     if (agent is None) != (tasks is None) or (agent is not None and eval_tasks is None):
         raise fail("--agent, --tasks and --eval-tasks go together (the built-in --task needs none)")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's notice, every run
@@ -246,11 +285,25 @@ def train(
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_logs(verbose)
-    adapter = _adapter()
-    import torch
+    if trainer == "trl" and (base_url is not None or base_model is not None):
+        raise fail("--base-url and --base-model go with --trainer tinker")
+    if trainer == "tinker" and lora_rank == 0:
+        raise fail("--trainer tinker trains LoRA adapters: --lora-rank must be at least 1")
+    if trainer == "tinker" and async_rollouts:
+        raise fail("--async goes with --trainer trl (the Tinker loop samples on-policy)")
+    lora_rank = (8 if trainer == "tinker" else 0) if lora_rank is None else lora_rank
+    adapter = _adapter(trainer)
+    tinker_only = {"base_url": base_url, "base_model": base_model, "loss_fn": loss_fn}
+    if trainer == "trl":
+        import torch
 
-    torch.set_num_threads(threads)
-    options = {k: v for k, v in locals().items() if k not in ("adapter", "threads", "torch")}
+        torch.set_num_threads(threads)
+    skip = {"adapter", "threads", "torch", "trainer", "tinker_only", "skip"}
+    if trainer == "trl":
+        skip.update(tinker_only)
+    else:
+        skip.update({"async_rollouts", "max_staleness"})
+    options = {k: v for k, v in locals().items() if k not in skip}
     options["tasks"], options["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
     options["log"] = lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)
     try:

@@ -80,7 +80,11 @@ async def _generate(
         if target.kind == "tinker":
             from rollwire.gateway.tokens.tinker import tinker_generate
 
-            return await tinker_generate(target, prompt_ids, effective, timeout=timeout)
+            # a Tinker sampler stops only where told: at the template's end of turn, as vLLM
+            renderer = await runtime.renderer(source)
+            return await tinker_generate(
+                target, prompt_ids, effective, timeout=timeout, eos_id=renderer.eos_id
+            )
         payload = sampling_payload(
             target.kind,
             prompt_ids,

@@ -16,8 +16,9 @@ from rollwire.gateway.tokens.backend import BackendFailure, Generation
 __all__ = ["sampling_params", "tinker_generate"]
 
 
-def sampling_params(sampling: Mapping[str, Any]) -> dict[str, Any]:
-    """OpenAI-named sampling parameters as the SDK's ``SamplingParams`` fields."""
+def sampling_params(sampling: Mapping[str, Any], eos_id: int | None = None) -> dict[str, Any]:
+    """OpenAI-named sampling parameters as the SDK's ``SamplingParams`` fields; without a stop
+    of the request's own, the sample stops at ``eos_id`` (a Tinker sampler has no default)."""
     out: dict[str, Any] = {}
     for key in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
         if sampling.get(key) is not None:
@@ -29,6 +30,8 @@ def sampling_params(sampling: Mapping[str, Any]) -> dict[str, Any]:
         out["stop"] = [str(s) for s in stop]
     elif sampling.get("stop_token_ids"):
         out["stop"] = [int(t) for t in sampling["stop_token_ids"]]
+    elif eos_id is not None:
+        out["stop"] = [int(eos_id)]
     return out
 
 
@@ -38,9 +41,10 @@ async def tinker_generate(
     sampling: Mapping[str, Any],
     *,
     timeout: float,
+    eos_id: int | None = None,
 ) -> Generation:
-    """One sample of the backend's current sampler after ``prompt_ids``; its checkpoint name is
-    the generation's weight version."""
+    """One sample of the backend's current sampler after ``prompt_ids`` (stopping at ``eos_id``
+    unless ``sampling`` names a stop); its checkpoint name is the generation's weight version."""
     try:
         tinker = sdk()
         if backend.sampler is None:
@@ -48,7 +52,7 @@ async def tinker_generate(
             backend.sampler = await asyncio.to_thread(new_sampler, backend, model)
         sampler, version = backend.sampler, backend.weight_version
         prompt = tinker.types.ModelInput.from_ints([int(t) for t in prompt_ids.tolist()])
-        params = tinker.types.SamplingParams(**sampling_params(sampling))
+        params = tinker.types.SamplingParams(**sampling_params(sampling, eos_id))
         result = await asyncio.wait_for(sampler.sample_async(prompt, 1, params), timeout)
     except asyncio.TimeoutError as exc:
         raise BackendFailure(
