@@ -141,7 +141,7 @@ def _serving(spec: TrainSpec, policy: StartingPolicy) -> Iterator[tuple[str, Any
 
 def train(spec: TrainSpec) -> TrainResult:
     """Run the loop described in the module docstring; see :class:`TrainSpec`."""
-    from rollwire_trl.trainer_setup import Progress, build_trainer
+    from rollwire_trl.trainer_setup import Progress, build_trainer, serve_starting_policy
 
     if spec.importance_sampling not in IMPORTANCE_MODES:
         raise ValueError(
@@ -166,6 +166,7 @@ def train(spec: TrainSpec) -> TrainResult:
     write_heldout(spec.out, held)
     policy = _starting_policy(spec)
     with _serving(spec, policy) as (server_url, gateway):
+        serve_starting_policy(spec, policy, gateway, server_url)
         client = rollout_client(spec, gateway)
         evaluate = evaluator(spec, client, held)
         baseline = measure_baseline(spec, evaluate)

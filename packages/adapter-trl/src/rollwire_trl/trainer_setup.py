@@ -15,7 +15,15 @@ if TYPE_CHECKING:
     from rollwire_trl.loop import TrainSpec
     from rollwire_trl.policy import StartingPolicy
 
-__all__ = ["Progress", "build_trainer", "grpo_config", "lora_config", "probe_mismatch", "step_line"]
+__all__ = [
+    "Progress",
+    "build_trainer",
+    "grpo_config",
+    "lora_config",
+    "probe_mismatch",
+    "serve_starting_policy",
+    "step_line",
+]
 
 
 def grpo_config(spec: TrainSpec) -> Any:
@@ -121,13 +129,6 @@ def build_trainer(
 
     tokenizer = AutoTokenizer.from_pretrained(policy.tokenizer_folder)
     model = AutoModelForCausalLM.from_pretrained(policy.folder, dtype=torch.float32)
-    if spec.backend is not None:  # a server of its own: make it serve the starting weights
-        (
-            spec.sync
-            or http_weight_sync([server_url], gateway=gateway.url, admin_key=gateway.admin_key)
-        )(policy.folder, str(policy.step))
-    else:
-        gateway_version(gateway, str(policy.step))
     sync = _sync_hook(spec, gateway, model)
     if spec.async_rollouts:
         sync = _posting_trainer_version(sync, gateway)
@@ -178,6 +179,17 @@ def lora_config(rank: int) -> Any:
         r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
         task_type="CAUSAL_LM",
     )  # fmt: skip
+
+
+def serve_starting_policy(spec: TrainSpec, policy: StartingPolicy, gateway: Any, url: str) -> None:
+    """Before the baseline: a server of its own (``--backend``) is pushed the starting weights
+    (the warmed-up policy, a resumed checkpoint); the engine already serves them. Either way
+    the gateway's version is the policy's step."""
+    if spec.backend is not None:
+        (spec.sync or http_weight_sync([url], gateway=gateway.url, admin_key=gateway.admin_key))(
+            policy.folder, str(policy.step)
+        )
+    gateway_version(gateway, str(policy.step))
 
 
 def gateway_version(gateway: Any, version: str) -> None:
