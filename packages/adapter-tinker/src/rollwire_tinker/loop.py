@@ -120,9 +120,11 @@ def _tokenizer(service: Service) -> Any:
 def _start(
     spec: TinkerTrainSpec, trainer: TinkerTrainer, tokenizer: Any, service: Service
 ) -> StartingPoint:
-    """The warm-up (built-in task only), then the sampler checkpoint step 1 samples with."""
+    """The warm-up (the built-in task on the embedded model, as the TRL loop's), then the
+    sampler checkpoint step 1 samples with."""
     point = StartingPoint(service.base_model, "")
-    if spec.warmup_steps and spec.agent is None:
+    embedded = spec.model is None and spec.base_url is None
+    if spec.warmup_steps and spec.agent is None and embedded:
         conversations = task_module(spec).warmup_conversations(
             spec.warmup_steps * 32, teacher_accuracy=spec.teacher_accuracy, seed=spec.seed
         )
