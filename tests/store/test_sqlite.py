@@ -235,3 +235,23 @@ async def test_a_file_written_before_keys_in_calls_still_matches_its_retries(
     assert retry.retry_of == original.call_id
     assert not calls[0].trainable and "superseded_by_retry" in calls[0].flags
     assert calls[1].trainable and calls[1].retry_of == original.call_id
+
+
+async def test_get_settings_reads_the_set_unexpired_ones_in_one_statement(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "settings.db"))
+    try:
+        await store.set_setting("gateway:paused", True)
+        await store.set_setting("gateway:policy_version", {"v": 3})
+        await store.set_setting("gateway:policy_version", {"v": 4})
+        await store.set_setting("gateway:expired", "x", ttl=-1.0)  # expired already
+        names = ["gateway:paused", "gateway:policy_version", "gateway:expired", "never-set"]
+        assert await store.get_settings(names) == {
+            "gateway:paused": True,
+            "gateway:policy_version": {"v": 4},
+        }
+        assert await store.get_settings([]) == {}
+        assert await store.get_setting("gateway:expired") is None
+    finally:
+        await store.close()
