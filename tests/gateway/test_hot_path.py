@@ -6,9 +6,10 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import pytest
 
 from rollwire.data.protocol import ModelCall
-from rollwire.gateway.dataplane import commit, hangups
+from rollwire.gateway.dataplane import capture, commit, hangups
 
 
 class _Flow:
@@ -80,3 +81,16 @@ def test_new_call_is_model_construct_with_every_field() -> None:
     assert again.flags == [] and again.request == {}
     fast.latency_ms = 2.5  # assignment goes through pydantic as on any model
     assert fast.latency_ms == 2.5 and "latency_ms" in fast.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[1, 2, 3], [-(2**31), 0, 2**31 - 1], [1.5, True, 7], ["5"], [[1, 2], [3, 4]], (4, 5)],
+)
+def test_captured_ids_are_what_numpy_makes_of_them(ids: object) -> None:
+    got = capture.extract({"prompt_token_ids": ids, "choices": [{"token_ids": [9]}]}).prompt_ids
+    want = np.array(ids, dtype=np.int32)
+    assert got.dtype == np.int32 and got.shape == want.shape and np.array_equal(got, want)
+    assert got.flags.writeable
+    with pytest.raises(OverflowError):
+        capture.extract({"prompt_token_ids": [1, 2**31], "choices": []})

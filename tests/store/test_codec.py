@@ -61,3 +61,22 @@ def test_parent_search_skips_calls_too_short_to_win_and_finds_the_same_parent() 
         want, want_len = find_parent(query, deltas.recent)  # type: ignore[arg-type]
         got, got_len = codec._find_parent(query, deltas.recent)
         assert (got_len, got) == (want_len, want)
+
+
+def test_prefix_shortcut_agrees_with_common_prefix_len() -> None:
+    import numpy as np
+
+    from rollwire.data.arrays import common_prefix_len
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 50_000, 600).astype(np.int32)
+    cases = [
+        (base[:512], base),  # a whole prefix (the usual case)
+        (base, base[:512]),  # longer than the other
+        (base, base),
+        (base[:0], base),
+        (base[:300], np.concatenate([base[:299], [7], base[300:]]).astype(np.int32)),
+        (base[:5], base[1:]),
+    ]
+    for a, b in cases:
+        assert codec._prefix_len(a, b) == common_prefix_len(a, b)

@@ -115,3 +115,24 @@ async def test_outage_is_store_unavailable_then_recovers(prefix: str) -> None:
             assert [x.index for x in await store.calls("s")] == [0, 1]
         finally:
             await store.close()
+
+
+async def test_get_settings_reads_the_set_ones_in_one_snapshot(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    a, b = RedisStore(redis_server.url, prefix=prefix), RedisStore(redis_server.url, prefix=prefix)
+    try:
+        await a.set_setting("gateway:paused", True)
+        await a.set_setting("gateway:policy_version", "v3")
+        await a.set_setting("gateway:policy_version", "v4")
+        await a.set_setting("gateway:gone", 1)
+        await a.set_setting("gateway:gone", None)
+        names = ["gateway:paused", "gateway:policy_version", "gateway:gone", "never-set"]
+        assert await b.get_settings(names) == {
+            "gateway:paused": True,
+            "gateway:policy_version": "v4",
+        }
+        assert await b.get_settings([]) == {}
+    finally:
+        await a.close()
+        await b.close()

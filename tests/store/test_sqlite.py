@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rollwire.data.protocol import ModelCall
 from rollwire.store import SessionRecord, SQLiteStore, open_store
 from rollwire.testing.store import StoreConformance, make_call
 
@@ -235,3 +237,77 @@ async def test_a_file_written_before_keys_in_calls_still_matches_its_retries(
     assert retry.retry_of == original.call_id
     assert not calls[0].trainable and "superseded_by_retry" in calls[0].flags
     assert calls[1].trainable and calls[1].retry_of == original.call_id
+
+
+async def test_get_settings_reads_the_set_unexpired_ones_in_one_statement(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "settings.db"))
+    try:
+        await store.set_setting("gateway:paused", True)
+        await store.set_setting("gateway:policy_version", {"v": 3})
+        await store.set_setting("gateway:policy_version", {"v": 4})
+        await store.set_setting("gateway:expired", "x", ttl=-1.0)  # expired already
+        names = ["gateway:paused", "gateway:policy_version", "gateway:expired", "never-set"]
+        assert await store.get_settings(names) == {
+            "gateway:paused": True,
+            "gateway:policy_version": {"v": 4},
+        }
+        assert await store.get_settings([]) == {}
+        assert await store.get_setting("gateway:expired") is None
+    finally:
+        await store.close()
+
+
+async def test_a_batch_commits_on_the_event_loop_while_the_writer_is_free(tmp_path: Path) -> None:
+    import threading
+
+    store = SQLiteStore(str(tmp_path / "inline.db"))
+    ran_on: list[int] = []
+    append = store._append
+
+    def spy(conn: Any, call: ModelCall, key: str | None) -> ModelCall:
+        ran_on.append(threading.get_ident())
+        return append(conn, call, key)
+
+    try:
+        await store.create_session(SessionRecord(session_id="s"))
+        store._append = spy  # type: ignore[method-assign]
+        await store.append_call(make_call("s", [1, 2], [3]))
+        assert ran_on == [threading.get_ident()]  # no hand-off to the writer thread
+    finally:
+        await store.close()
+
+
+async def test_a_held_write_lock_hands_batches_to_the_writer_thread_in_order(
+    tmp_path: Path,
+) -> None:
+    # Another connection holds the file's write lock: the event loop does not wait for it (the
+    # batch goes to the writer thread, which does), and a later batch commits after it.
+    import asyncio
+    import sqlite3
+    import time
+
+    path = tmp_path / "locked.db"
+    store = SQLiteStore(str(path))
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await store.create_session(SessionRecord(session_id="s"))
+        other.execute("BEGIN IMMEDIATE")
+        first = asyncio.ensure_future(store.append_call(make_call("s", [1, 2], [3])))
+        t0 = time.monotonic()
+        while store._db._queued == 0 and time.monotonic() < t0 + 10.0:
+            await asyncio.sleep(0)  # the loop runs on: it did not wait for the lock
+        assert store._db._queued == 1 and not first.done()
+        assert time.monotonic() - t0 < 5.0  # far below the writer's 10 s busy timeout
+        second = asyncio.ensure_future(store.append_call(make_call("s", [1, 2, 3, 4], [5])))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not first.done() and not second.done()
+        other.execute("COMMIT")
+        a, b = await first, await second
+        assert (a.index, b.index) == (0, 1) and b.parent_call_id == a.call_id
+        assert [c.call_id for c in await store.calls("s")] == [a.call_id, b.call_id]
+    finally:
+        other.close()
+        await store.close()

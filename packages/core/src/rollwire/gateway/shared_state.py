@@ -31,6 +31,7 @@ log = logging.getLogger("rollwire.gateway")
 _PAUSED = "gateway:paused"
 _POLICY_VERSION = "gateway:policy_version"
 _QUARANTINE = QUARANTINE_SETTING  # + backend URL: why it is out of rotation
+_FOLLOWED = (_PAUSED, EPOCH_SETTING, _POLICY_VERSION, POLICY_SEQ, TRAINER_SEQ)
 
 
 class SharedState:
@@ -57,16 +58,17 @@ class SharedState:
         trainer's ordinal and the backends out of rotation from the store (set by any gateway on
         it, and kept across restarts).
 
-        Read in this order because a sync writes them in the reverse one (ordinal, version, then
-        epoch cleared, then pause cleared): a gateway that reads "not paused" reads the new
-        version and its ordinal.
+        Read in one snapshot (one store read, not one per setting: this runs every
+        ``shared_state_interval``): a sync writes the ordinal, the version, then clears the epoch
+        and the pause, so a gateway that reads "not paused" reads the new version and its ordinal.
         """
         writes = self._local_writes
-        paused_setting = await self.store.get_setting(_PAUSED)
-        epoch = await self.store.get_setting(EPOCH_SETTING)
-        raw = await self.store.get_setting(_POLICY_VERSION)
-        policy_seq = await self.store.get_setting(POLICY_SEQ)
-        trainer = await self.store.get_setting(TRAINER_SEQ)
+        shared = await self.store.get_settings(_FOLLOWED)
+        paused_setting = shared.get(_PAUSED)
+        epoch = shared.get(EPOCH_SETTING)
+        raw = shared.get(_POLICY_VERSION)
+        policy_seq = shared.get(POLICY_SEQ)
+        trainer = shared.get(TRAINER_SEQ)
         quarantined = await self.store.settings_with_prefix(_QUARANTINE)
         if writes != self._local_writes:
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -193,6 +194,11 @@ class Store(Protocol):
     async def get_setting(self, name: str) -> Any:
         """A setting shared by every gateway on this store (a JSON value), or None when unset
         or expired: the pause state, the policy version, sticky backends."""
+        ...
+
+    async def get_settings(self, names: Sequence[str]) -> dict[str, Any]:
+        """The settings among ``names`` that are set (and unexpired), read at one instant:
+        changes another gateway made meanwhile are seen together or not at all."""
         ...
 
     async def set_setting(self, name: str, value: Any, *, ttl: float | None = None) -> None:

@@ -21,6 +21,7 @@ Redis Cluster is not supported (scripts touch keys of several slots).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -194,6 +195,14 @@ class RedisStore:
         """A shared setting (JSON value), or None when unset or expired."""
         raw = await self._w.read(lambda: self._r.get(self._w.k("kv", name)))
         return None if raw is None else orjson.loads(raw)
+
+    async def get_settings(self, names: Sequence[str]) -> dict[str, Any]:
+        """The set, unexpired settings among ``names`` (one MGET: one snapshot)."""
+        if not names:
+            return {}
+        keys = [self._w.k("kv", name) for name in names]
+        values = await self._w.read(lambda: self._r.mget(keys))
+        return {n: orjson.loads(v) for n, v in zip(names, values, strict=True) if v is not None}
 
     async def set_setting(self, name: str, value: Any, *, ttl: float | None = None) -> None:
         """Set (``None``: remove) a shared setting, optionally expiring after ``ttl`` seconds."""

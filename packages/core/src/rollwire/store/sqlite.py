@@ -354,16 +354,20 @@ class SQLiteStore(WriteBatch):
     # ----------------------------------------------------------------- settings
     async def get_setting(self, name: str) -> Any:
         """A shared setting (JSON value), or None when unset or expired."""
+        return (await self.get_settings((name,))).get(name)
 
-        def op(conn: sqlite3.Connection) -> Any:
-            row = conn.execute(
-                "SELECT value FROM settings WHERE name = ? AND (expires_at IS NULL"
-                " OR expires_at > ?)",
-                (name, time.time()),
-            ).fetchone()
-            return None if row is None else orjson.loads(row[0])
+    async def get_settings(self, names: Sequence[str]) -> dict[str, Any]:
+        """The set, unexpired settings among ``names`` (one statement: one snapshot)."""
+        args = [*names, time.time()]
+        sql = (
+            f"SELECT name, value FROM settings WHERE name IN ({','.join('?' * len(names))})"
+            " AND (expires_at IS NULL OR expires_at > ?)"
+        )
 
-        return await self._db.read(op)
+        def op(conn: sqlite3.Connection) -> dict[str, Any]:
+            return {name: orjson.loads(value) for name, value in conn.execute(sql, args)}
+
+        return await self._db.read(op) if names else {}
 
     async def set_setting(self, name: str, value: Any, *, ttl: float | None = None) -> None:
         """Set (``None``: remove) a setting, optionally expiring after ``ttl`` seconds."""

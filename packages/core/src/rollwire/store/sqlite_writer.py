@@ -1,10 +1,15 @@
-"""The SQLite store's connections: one writer thread committing one batch per event-loop tick,
-pooled readers, and WAL checkpoints on their own thread.
+"""The SQLite store's connections: one writer committing one batch per event-loop tick, pooled
+readers, and WAL checkpoints on their own thread.
 
-Writes from the event loop are queued; once per loop tick the pending ones go to the writer thread,
-which runs everything queued in one transaction (a failure reruns each operation alone, so one bad
-write fails alone) and resolves the callers' futures after ``COMMIT``. Reads use separate
-connections on a small thread pool, so they never wait for the writer.
+Writes from the event loop are queued; once per loop tick everything queued runs in one
+transaction (a failure reruns each operation alone, so one bad write fails alone) and the callers'
+futures resolve after ``COMMIT``. The batch commits right there on the event loop when the writer
+is free and the file's write lock can be taken at once: a commit to the WAL is a write to the
+page cache (``synchronous=NORMAL``: no fsync), cheaper than handing the batch to a thread and its
+answer back. Otherwise (the writer thread still busy with earlier batches, another connection
+holding the lock, or any error) the batch goes to the writer thread, in order, which waits for the
+lock and does the one-by-one rerun. Reads use separate connections on a small thread pool, so they
+never wait for the writer.
 
 The WAL stays bounded without blocking a request: the checkpoint thread runs ``PASSIVE``
 checkpoints (they never wait for the writer or readers) once the WAL passes 1/8 of its bound (at
@@ -95,7 +100,15 @@ class SQLiteConnections:
         self._wrote = threading.Event()  # written since the checkpoint thread's last round
         self._wake = threading.Event()
         self._wal = path + "-wal"
-        self._next_wal_check = 0.0  # writer thread: when to look at the WAL's size again
+        self._next_wal_check = 0.0  # writer: when to look at the WAL's size again
+        # The writer's connection, used by one of the event loop (inline) and the writer thread
+        # at a time (``_run_lock``). Its busy timeout is 0 but while the thread runs a batch: an
+        # inline BEGIN never waits on the loop, it hands the batch over.
+        self._conn = self.connect()
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on their own thread
+        self._conn.execute("PRAGMA busy_timeout=0")
+        self._run_lock = threading.Lock()
+        self._queued = 0  # batches handed to the writer thread and not committed yet
         self.closed = False
         self._writer = threading.Thread(target=self._writer_main, name="rollwire-sqlite-writer")
         self._writer.daemon = True
@@ -160,22 +173,35 @@ class SQLiteConnections:
         return fut
 
     def kick(self) -> None:
-        """Hand everything queued so far to the writer thread."""
+        """Commit everything queued so far: here, when the writer is free and the lock can be
+        taken at once; else on the writer thread, after the batches handed to it before."""
         with self._lock:
             batch, self._pending = self._pending, []
             self._kick_scheduled = False
-        if batch:
-            self._queue.put(batch)
+        if not batch:
+            return
+        if self._queued == 0 and self._run_lock.acquire(blocking=False):
+            try:
+                # Checked again under the lock: a batch queued meanwhile commits first.
+                if self._queued == 0 and self._run_inline(batch):
+                    return
+            finally:
+                self._run_lock.release()
+        self._hand_over(batch)
+
+    def _hand_over(self, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
+        with self._lock:
+            self._queued += 1
+        self._queue.put(batch)
 
     def _writer_main(self) -> None:
-        conn = self.connect()
-        conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on their own thread
         stop = False
         while not stop:
             first = self._queue.get()
             if first is None:
                 break
             items = list(first)
+            batches = 1
             while True:
                 try:
                     more = self._queue.get_nowait()
@@ -185,8 +211,48 @@ class SQLiteConnections:
                     stop = True
                     break
                 items.extend(more)
-            self._run_batch(conn, items)
-        conn.close()
+                batches += 1
+            with self._run_lock:
+                self._conn.execute("PRAGMA busy_timeout=10000")
+                try:
+                    self._run_batch(self._conn, items)
+                finally:
+                    self._conn.execute("PRAGMA busy_timeout=0")
+            with self._lock:
+                self._queued -= batches
+        with self._run_lock:
+            self._conn.close()
+
+    def _run_inline(self, items: list[Any]) -> bool:
+        """Commit ``items`` in one transaction on the calling thread; False (nothing changed)
+        when the lock is taken or anything fails: the writer thread then runs them."""
+        conn = self._conn
+        self._hooks.begin()
+        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        began = False
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # busy timeout 0: taken now, or not at all
+            began = True
+            for fn, fut in items:
+                outcomes.append((fut, fn(conn), None))
+            self._hooks.before_commit(conn)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if began:
+                with contextlib.suppress(Exception):
+                    conn.execute("ROLLBACK")
+                self._hooks.rolled_back()
+            if not isinstance(exc, Exception):
+                self._hand_over(items)  # interrupted: the writer thread still commits them
+                raise
+            return False
+        self._committed()
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # close() from a plain thread
+            here = None
+        _deliver(outcomes, here)
+        return True
 
     def _run_batch(self, conn: sqlite3.Connection, items: list[Any]) -> None:
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
@@ -204,6 +270,11 @@ class SQLiteConnections:
                 conn.execute("ROLLBACK")
             self._hooks.rolled_back()
             outcomes = [self._run_one(conn, fn, fut) for fn, fut in items]
+        self._committed()
+        _deliver(outcomes, None)
+
+    def _committed(self) -> None:
+        """After a batch: tell the checkpoint thread, and wake it at once past the WAL's bound."""
         if not self._dirty.is_set():  # set once per checkpoint round, not once per batch
             self._dirty.set()
         if not self._wrote.is_set():
@@ -214,12 +285,6 @@ class SQLiteConnections:
                 self._next_wal_check = now + _WAL_CHECK_INTERVAL
                 if _size(self._wal) > self._wal_limit:
                     self._wake.set()  # over the limit: checkpoint now, not at the next interval
-        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        for outcome in outcomes:
-            by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
-        for loop, results in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # loop closed: nobody is waiting
-                loop.call_soon_threadsafe(_resolve_all, results)
 
     def _run_one(
         self, conn: sqlite3.Connection, fn: Op, fut: Any
@@ -330,6 +395,22 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def _deliver(
+    outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
+    here: asyncio.AbstractEventLoop | None,
+) -> None:
+    """Resolve each future on its own loop: at once on ``here`` (the running one)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
+    for loop, results in by_loop.items():
+        if loop is here:
+            _resolve_all(results)
+            continue
+        with contextlib.suppress(RuntimeError):  # loop closed: nobody is waiting
+            loop.call_soon_threadsafe(_resolve_all, results)
 
 
 def _resolve_all(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:

