@@ -312,6 +312,7 @@ class GatewayProcess:
     def __init__(self, store: str, backend: str, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.store = store
         argv = ["--port", str(self.port), "--store", store, "--backend", backend]
         env = {**os.environ, "ROLLWIRE_ADMIN_KEY": KEY, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
@@ -390,6 +391,26 @@ def _kill_mid_sync(a: GatewayProcess, folder: Path, lease: float) -> WeightSync:
     return sync
 
 
+def _lapse_lease(store_url: str) -> None:
+    """Let the standing sync's lease lapse now, as it does once its trainer stops renewing: the
+    same epoch record, expiring in half a second (the store drops it, as at the end of its TTL)."""
+    import asyncio
+
+    from rollwire.gateway.sync_barrier import EPOCH_SETTING
+    from rollwire.store import open_store
+
+    async def lapse() -> None:
+        store = open_store(store_url)
+        try:
+            record = await store.get_setting(EPOCH_SETTING)
+            assert record is not None, "no sync is standing"
+            await store.set_setting(EPOCH_SETTING, record, ttl=0.5)
+        finally:
+            await store.close()
+
+    asyncio.run(lapse())
+
+
 def test_a_gateway_killed_mid_sync_then_a_retry_through_the_survivor_succeeds(
     three_gateways: tuple[GatewayProcess, GatewayProcess, GatewayProcess],
     folders: dict[str, Path],
@@ -425,7 +446,8 @@ def test_a_gateway_killed_mid_sync_then_its_restart_and_the_survivor_resume_as_t
     folders: dict[str, Path],
 ) -> None:
     a, b, restart = three_gateways
-    lease = 10.0  # longer than a restart: the restarted gateway comes up inside the pause
+    # far longer than a restart, however busy the machine: the restart comes up inside the pause
+    lease = 120.0
     with b.client() as cb:
         cb.sync_weight_version("v0")
         _both_joined(cb)
@@ -433,9 +455,11 @@ def test_a_gateway_killed_mid_sync_then_its_restart_and_the_survivor_resume_as_t
         epoch = sync.history[-1].epoch
         with restart.serve().client() as ca:
             assert ca.pause_status()["paused"] is True  # it comes back paused (the store says)
-            # nobody retries: the lease lapses and the survivor and the restarted one resume
+            # nobody retries: the lease lapses (now, rather than in two minutes) and the survivor
+            # and the restarted one resume
+            _lapse_lease(a.store)
             for client in (cb, ca):
-                _until("resumed", lambda c=client: not c.pause_status()["paused"], lease + 15)
+                _until("resumed", lambda c=client: not c.pause_status()["paused"], 30)
                 assert client.get_policy_version() == "v0"
                 (backend,) = client.backends()
                 assert str(backend["quarantined"]).startswith(f"unverified: weight sync {epoch}")
