@@ -294,11 +294,12 @@ async def test_a_gateway_down_past_the_budget_aborts_the_run_clearly() -> None:
 async def test_an_aborted_run_hands_back_the_groups_that_finished(stack: Any) -> None:
     proxy = BlipProxy(stack.url)
     app = RolloutApp(shutdown_timeout=0.5)
+    fast_done = threading.Event()  # the client has the fast rollout's final record
 
     @app.rollout_entrypoint
     async def handler(payload: dict[str, Any]) -> float:
         if payload["id"] == "slow":
-            await asyncio.sleep(1.0)
+            assert await asyncio.to_thread(fast_done.wait, 60)
             proxy.down = True  # the gateway goes away for good
         return 1.0
 
@@ -314,6 +315,14 @@ async def test_an_aborted_run_hands_back_the_groups_that_finished(stack: Any) ->
             retry_backoff=0.1,
             gateway_timeout=1.0,
         )
+        tick = client._tick
+
+        def ticked(progress: Any, bar: Any, rollout: Any) -> None:
+            tick(progress, bar, rollout)
+            if rollout.task_id == "fast":
+                fast_done.set()
+
+        client._tick = ticked  # type: ignore[method-assign]
         with pytest.raises(GatewayUnavailable) as info:
             await client.arun([{"id": "fast"}, {"id": "slow"}])
         await client.aclose()
