@@ -20,8 +20,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: A bound on one command, not a wait (it returns when the command exits): a short command's
+#: start-up alone (imports, the embedded engine) takes over a minute on a loaded 2-core machine.
+CLI_BOUND = 300
+
+
 def _cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = CLI_BOUND
 ) -> subprocess.CompletedProcess[str]:
     """Run ``rollwire ARGS`` in ``cwd``; a traceback in the output fails the test."""
     full_env = {k: v for k, v in os.environ.items() if k != "ROLLWIRE_ADMIN_KEY"}
