@@ -38,6 +38,7 @@ __all__ = ["SQLiteConnections", "WriteBatch"]
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
+_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # (future, result, error)
 # Seconds between the writer's looks at the WAL's size (far less than the bound is written in it).
 _WAL_CHECK_INTERVAL = 0.05
 _IDLE_CHECKPOINT_ROUNDS = 10  # a WAL under 1/8 of its bound is checkpointed every 10 intervals
@@ -226,26 +227,13 @@ class SQLiteConnections:
     def _run_inline(self, items: list[Any]) -> bool:
         """Commit ``items`` in one transaction on the calling thread; False (nothing changed)
         when the lock is taken or anything fails: the writer thread then runs them."""
-        conn = self._conn
-        self._hooks.begin()
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        began = False
         try:
-            conn.execute("BEGIN IMMEDIATE")  # busy timeout 0: taken now, or not at all
-            began = True
-            for fn, fut in items:
-                outcomes.append((fut, fn(conn), None))
-            self._hooks.before_commit(conn)
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if began:
-                with contextlib.suppress(Exception):
-                    conn.execute("ROLLBACK")
-                self._hooks.rolled_back()
-            if not isinstance(exc, Exception):
-                self._hand_over(items)  # interrupted: the writer thread still commits them
-                raise
+            outcomes = self._transaction(self._conn, items)  # busy timeout 0: lock now or never
+        except Exception:
             return False
+        except BaseException:
+            self._hand_over(items)  # interrupted: the writer thread still commits them
+            raise
         self._committed()
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -255,23 +243,33 @@ class SQLiteConnections:
         return True
 
     def _run_batch(self, conn: sqlite3.Connection, items: list[Any]) -> None:
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        self._hooks.begin()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for fn, fut in items:
-                outcomes.append((fut, fn(conn), None))
-            self._hooks.before_commit(conn)
-            conn.execute("COMMIT")
+            outcomes = self._transaction(conn, items)
         except Exception:
-            # Rare: some operation failed. Roll back and run each one in its own transaction,
-            # so only the failing ones fail.
-            with contextlib.suppress(Exception):
-                conn.execute("ROLLBACK")
-            self._hooks.rolled_back()
+            # Rare: some operation failed. Run each one in its own transaction, so only the
+            # failing ones fail.
             outcomes = [self._run_one(conn, fn, fut) for fn, fut in items]
         self._committed()
         _deliver(outcomes, None)
+
+    def _transaction(self, conn: sqlite3.Connection, items: list[Any]) -> list[_Outcome]:
+        """Run ``items`` in one transaction and commit; on any failure roll back what began
+        and raise."""
+        self._hooks.begin()
+        began = False
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            began = True
+            outcomes: list[_Outcome] = [(fut, fn(conn), None) for fn, fut in items]
+            self._hooks.before_commit(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if began:
+                with contextlib.suppress(Exception):
+                    conn.execute("ROLLBACK")
+                self._hooks.rolled_back()
+            raise
+        return outcomes
 
     def _committed(self) -> None:
         """After a batch: tell the checkpoint thread, and wake it at once past the WAL's bound."""
