@@ -94,3 +94,48 @@ def test_captured_ids_are_what_numpy_makes_of_them(ids: object) -> None:
     assert got.flags.writeable
     with pytest.raises(OverflowError):
         capture.extract({"prompt_token_ids": [1, 2**31], "choices": []})
+
+
+_CALLS = [
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
+    (
+        "/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True},
+    ),
+    ("/completions", {"prompt": "hi", "max_tokens": 8}),
+    ("/responses", {"input": "hi", "max_output_tokens": 8}),
+    ("/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
+]
+
+
+def test_a_served_call_leaves_no_reference_cycle(client: Any) -> None:
+    """Each call's objects go when it ends (by reference count), not at the next cyclic
+    collection: a request kept alive by a loop (its scope holding the connection's request
+    cycle, which holds the scope) is 8 kB+ of garbage a call, piling up between collections."""
+    import gc
+
+    import httpx
+
+    h = client.create_session()
+    with httpx.Client(timeout=30) as http:
+        for route, body in _CALLS:  # warm-up: first-use imports and caches
+            assert http.post(h.base_url + route, json={"model": "policy", **body}).is_success
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(3):
+                for route, body in _CALLS:
+                    r = http.post(h.base_url + route, json={"model": "policy", **body})
+                    assert r.is_success, r.text
+            gc.collect()
+            leaked = [
+                type(o).__module__ + "." + type(o).__qualname__
+                for o in gc.garbage
+                if type(o).__module__.split(".")[0] in ("rollwire", "uvicorn", "starlette")
+            ]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert leaked == []
