@@ -14,7 +14,6 @@ from rollwire.agent.serving import free_port
 __all__ = ["Proc", "cpu_seconds", "free_port", "peak_rss_mb", "rss_mb", "wait_http"]
 
 
-
 def wait_http(url: str, timeout: float = 60.0) -> None:
     """Block until ``url`` answers below 500, or raise TimeoutError."""
     deadline = time.monotonic() + timeout
