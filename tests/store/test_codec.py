@@ -80,3 +80,35 @@ def test_prefix_shortcut_agrees_with_common_prefix_len() -> None:
     ]
     for a, b in cases:
         assert codec._prefix_len(a, b) == common_prefix_len(a, b)
+
+
+def test_json_is_zstd_compressed_and_zlib_records_still_read() -> None:
+    """Stores written before zstd (zlib streams, ``x`` first) read back; new ones are zstd frames,
+    small values stay plain JSON, and each thread uses its own zstd context."""
+    import threading
+    import zlib
+
+    import orjson
+
+    value = {"response": {"content": "the answer is 42. " * 40}, "flags": []}
+    packed = codec.pack_json(value)
+    assert packed[:4] == b"\x28\xb5\x2f\xfd" and len(packed) < len(orjson.dumps(value)) / 3
+    assert codec.unpack_json(packed) == value
+    assert codec.unpack_json(zlib.compress(orjson.dumps(value), 1)) == value  # an older store
+    assert codec.pack_json({"a": 1}) == b'{"a":1}' and codec.unpack_json(b'{"a":1}') == {"a": 1}
+    assert codec.unpack_json(codec.pack_json([value] * 3)) == [value] * 3
+
+    out: list[Any] = []
+
+    def worker(i: int) -> None:
+        for _ in range(200):
+            mine = {"i": i, "text": f"thread {i} " * 50}
+            if codec.unpack_json(codec.pack_json(mine)) != mine:
+                out.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == []
