@@ -291,7 +291,16 @@ def compare(
     rows = []
     for c in levels:
         stats: dict[str, dict[str, Any]] = {
-            t: {"lat": [], "wall": 0.0, "cpu": 0.0, "n": 0, "errors": 0, "cpus": [], "rpss": []}
+            t: {
+                "lat": [],
+                "wall": 0.0,
+                "cpu": 0.0,
+                "n": 0,
+                "served": 0,
+                "errors": 0,
+                "cpus": [],
+                "rpss": [],
+            }
             for t in targets
         }
         level_urls = urls(c)
@@ -306,7 +315,9 @@ def compare(
                 st = stats[t]
                 cpu = cpu_seconds(pid) - cpu0
                 st["cpu"] += cpu
-                st["cpus"].append(cpu / max(1, len(res["lat"])) * 1e6)
+                # Per call served: the round's CPU includes its warm-up call on each connection.
+                st["cpus"].append(cpu / max(1, res["sent"]) * 1e6)
+                st["served"] += res["sent"]
                 st["rpss"].append(len(res["lat"]) / res["wall"])
                 st["lat"] += res["lat"]
                 st["wall"] += res["wall"]
@@ -325,7 +336,7 @@ def compare(
                     "p99_ms": p99 * 1e3,
                     "added_p50_ms": (p50 - base50) * 1e3 if t != "direct" else 0.0,
                     "added_p99_ms": (p99 - base99) * 1e3 if t != "direct" else 0.0,
-                    "cpu_us": st["cpu"] / max(1, st["n"]) * 1e6,
+                    "cpu_us": st["cpu"] / max(1, st["served"]) * 1e6,
                     "cpu_med_us": statistics.median(st["cpus"]),
                     "rps_med": statistics.median(st["rpss"]),
                     "rss_mb": rss_mb(targets[t]["pid"]),
