@@ -374,3 +374,23 @@ def test_anthropic_stop_sequence_reported_when_the_backend_names_it() -> None:
     }
     out = A.message_from_chat(chat, {"stop_sequences": ["END"]}, message_id="m")
     assert (out["stop_reason"], out["stop_sequence"]) == ("stop_sequence", "END")
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["user", "assistant"]), st.text(max_size=12)), min_size=1)
+)
+def test_plain_text_turns_convert_as_their_single_text_block(turns: list[tuple[str, str]]) -> None:
+    """A string ``content`` (the fast path) gives what one text block gives, in either dialect."""
+    as_str = [{"role": r, "content": t} for r, t in turns]
+    as_blocks = [{"role": r, "content": [{"type": "text", "text": t}]} for r, t in turns]
+    assert A.request_to_chat({"max_tokens": 8, "messages": as_str}) == A.request_to_chat(
+        {"max_tokens": 8, "messages": as_blocks}
+    )
+    parts = [
+        {
+            "role": r,
+            "content": [{"type": "input_text" if r == "user" else "output_text", "text": t}],
+        }
+        for r, t in turns
+    ]
+    assert R.request_to_chat({"input": as_str}) == R.request_to_chat({"input": parts})

@@ -234,11 +234,16 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise DialectError("'messages' must be a non-empty list", param="messages")
     for i, msg in enumerate(raw):
         role = msg.get("role") if isinstance(msg, Mapping) else None
+        content = msg.get("content", "") if role is not None else None
+        if isinstance(content, str) and role in ("user", "assistant"):
+            # Plain text (most turns): what the block path below makes of a single text block.
+            messages.append({"role": role, "content": content})
+            continue
         where = f"messages[{i}].content"
         if role == "user":
-            messages.extend(_user(msg.get("content", ""), where))
+            messages.extend(_user(content, where))
         elif role == "assistant":
-            messages.append(_assistant(msg.get("content", ""), where))
+            messages.append(_assistant(content, where))
         elif role == "system":  # mid-conversation system text (Claude Code sends it)
             messages.append({"role": "system", "content": _system(msg.get("content", ""))})
         else:

@@ -195,7 +195,9 @@ class _Items:
                 f"{where}.role is {role!r}; expected user, assistant, system or developer",
                 param=f"{where}.role",
             )
-        content = _text_parts(item.get("content", ""), f"{where}.content", allow_images=True)
+        content = item.get("content", "")
+        if not isinstance(content, str):
+            content = _text_parts(content, f"{where}.content", allow_images=True)
         if role != "assistant":
             self.close()
             self.messages.append(
