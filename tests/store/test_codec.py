@@ -82,21 +82,27 @@ def test_prefix_shortcut_agrees_with_common_prefix_len() -> None:
         assert codec._prefix_len(a, b) == common_prefix_len(a, b)
 
 
-def test_json_is_zstd_compressed_and_zlib_records_still_read() -> None:
-    """Stores written before zstd (zlib streams, ``x`` first) read back; new ones are zstd frames,
-    small values stay plain JSON, and each thread uses its own zstd context."""
+def test_json_is_zstd_compressed_and_older_records_still_read() -> None:
+    """New values are zstd frames against the built-in dictionary (small and large ones), small
+    values stay plain JSON; zlib streams (stores written before zstd) and zstd frames without
+    the dictionary read back; each thread uses its own zstd contexts."""
     import threading
     import zlib
 
     import orjson
+    import zstandard
 
-    value = {"response": {"content": "the answer is 42. " * 40}, "flags": []}
-    packed = codec.pack_json(value)
-    assert packed[:4] == b"\x28\xb5\x2f\xfd" and len(packed) < len(orjson.dumps(value)) / 3
-    assert codec.unpack_json(packed) == value
-    assert codec.unpack_json(zlib.compress(orjson.dumps(value), 1)) == value  # an older store
+    meta = {"status": "ok", "flags": [], "response": {"choices": [{"index": 0}]}, "x": "y" * 40}
+    long = {"response": {"content": "the answer is 42. " * 400}, "flags": []}
+    for value in (meta, long):
+        packed = codec.pack_json(value)
+        raw = orjson.dumps(value)
+        assert packed[:1] == b"\x01" and len(packed) < len(raw) / 2, (len(packed), len(raw))
+        assert codec.unpack_json(packed) == value
+        assert codec.unpack_json(zlib.compress(raw, 1)) == value  # an older store
+        assert codec.unpack_json(zstandard.ZstdCompressor().compress(raw)) == value
     assert codec.pack_json({"a": 1}) == b'{"a":1}' and codec.unpack_json(b'{"a":1}') == {"a": 1}
-    assert codec.unpack_json(codec.pack_json([value] * 3)) == [value] * 3
+    assert codec.unpack_json(codec.pack_json([long] * 3)) == [long] * 3
 
     out: list[Any] = []
 
@@ -112,3 +118,23 @@ def test_json_is_zstd_compressed_and_zlib_records_still_read() -> None:
     for t in threads:
         t.join()
     assert out == []
+
+
+def test_a_record_written_with_the_dictionary_still_reads() -> None:
+    """A frame packed when the dictionary came in: it decodes only with those exact bytes, so
+    editing the dictionary (instead of adding a new one under a new marker) fails here."""
+    frame = (
+        b'\x01(\xb5/\xfd \xc3-\x01\x00`1hello"}}]}}\x07\x00\xd2_\x12h\x10\xcde\x10>(\xca\x04|'
+        b"\x12\x1d\xaa\t\x03,-\x05\x10"
+    )
+    assert codec.unpack_json(frame) == {
+        "finish_reason": "stop",
+        "status": "ok",
+        "flags": [],
+        "backend": "b0",
+        "response": {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}],
+        },
+    }
