@@ -109,6 +109,7 @@ def serve(
         upstream_timeout=upstream_timeout,
         health_interval=health_interval,
         tune_gc=True,
+        memory_trim_interval=2.0,
         private_metrics=private_metrics,
     )
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hmac
 import itertools
 import logging
@@ -25,7 +24,7 @@ from typing import Any
 import aiohttp
 from starlette.routing import BaseRoute
 
-from rollwire.gateway import dialects
+from rollwire.gateway import dialects, process
 from rollwire.gateway.asgi import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -108,6 +107,7 @@ class Gateway(LiveSessions, SharedState):
         self.upstream = UpstreamPool(limit=cfg.pool_size, connect_timeout=cfg.connect_timeout)
         self._health_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self._trim_task: asyncio.Task[None] | None = None
         self._share_task: asyncio.Task[None] | None = None
         self._shared_seen: tuple[bool, str | None] = (False, None)  # last read from the store
         self.barrier = SyncBarrier(self)  # this gateway's part in a weight sync's pause
@@ -163,14 +163,16 @@ class Gateway(LiveSessions, SharedState):
         with contextlib.suppress(Exception):  # a store down at start-up: the loop retries
             await self.load_shared_state()
         self._share_task = asyncio.create_task(self._follow_shared_state())
+        if self.config.memory_trim_interval > 0:
+            self._trim_task = asyncio.create_task(
+                process.trim_memory(self.config.memory_trim_interval)
+            )
         if self.config.tune_gc:
-            gc.collect()
-            gc.freeze()
-            gc.set_threshold(50_000, 50, 100)
+            process.freeze_gc()
 
     async def shutdown(self) -> None:
         """Stop background work, close the pool and (if the gateway opened it) the store."""
-        for task in (self._health_task, self._sweep_task, self._share_task):
+        for task in (self._health_task, self._sweep_task, self._share_task, self._trim_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -75,6 +75,8 @@ class GatewayConfig:
     health_interval: float = 5.0
     pool_size: int = 1024
     tune_gc: bool = False  # gc.freeze() + higher gen-0 threshold (the CLI turns it on)
+    #: seconds between returns of the C heap's free pages to the OS, 0 never (the CLI: 2)
+    memory_trim_interval: float = 0.0
     wait_poll_interval: float = 0.5
     #: seconds between reads of the state gateways share through the store (pause, policy
     #: version); a pause set through one gateway holds the others within this interval
