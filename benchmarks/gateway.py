@@ -14,8 +14,8 @@ rollwire gateway on the Redis store (``rollwire-redis``, a throwaway redis-serve
 rllm-model-gateway 0.1.0 (installed into a temporary venv; skipped with a reason if that fails).
 The load generator (aiohttp) runs in its own process too, alternating targets round by round.
 Reported: requests/s, p50/p99 latency and the latency added over the direct path, server CPU per
-call (from /proc/<pid>/stat), calls captured vs sent, gateway RSS, and the storage cost of one
-40-turn session whose context grows ~200 tokens a turn.
+call served (each thread's run time, /proc/<pid>/task/*/schedstat), calls captured vs sent,
+gateway RSS, and the storage cost of one 40-turn session whose context grows ~200 tokens a turn.
 """
 
 from __future__ import annotations
