@@ -277,7 +277,7 @@ class Gateway(LiveSessions, SharedState):
             hangup.stop()  # before the response runs: a stream listens for itself
             # The flag holds uvicorn's request cycle, which holds the scope: left in the scope,
             # that loop would keep the whole request for the cyclic GC to find.
-            del scope["rollwire.hangup"]
+            scope.pop("rollwire.hangup", None)
 
     def _call_over(self, st: SessionState) -> None:
         st.in_flight -= 1

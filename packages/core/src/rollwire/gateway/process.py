@@ -31,7 +31,7 @@ def malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
     try:
         fn = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):  # TypeError: no CDLL(None) (Windows)
         return None
     fn.argtypes = [ctypes.c_size_t]
     fn.restype = ctypes.c_int

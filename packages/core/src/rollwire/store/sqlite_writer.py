@@ -173,7 +173,7 @@ class SQLiteConnections:
         if schedule:
             # One loop iteration later than the next: the answers that arrive in the I/O poll
             # between them join this batch (group commit). At 16 calls in flight that halves
-            # the commits, for a few microseconds of latency.
+            # the commits, for one loop iteration of latency.
             loop.call_soon(loop.call_soon, self.kick)
         return fut
 
