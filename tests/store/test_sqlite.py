@@ -311,3 +311,30 @@ async def test_a_held_write_lock_hands_batches_to_the_writer_thread_in_order(
     finally:
         other.close()
         await store.close()
+
+
+def test_a_loop_closed_before_its_commit_ran_does_not_stall_the_store(tmp_path: Path) -> None:
+    """A write whose loop closes before the commit it scheduled ran (a test's loop, an
+    ``asyncio.run`` ending): writes from another loop still commit, that one with them."""
+    import asyncio
+
+    store = SQLiteStore(str(tmp_path / "loops.db"))
+    try:
+        asyncio.run(store.create_session(SessionRecord(session_id="s")))
+
+        async def write_and_leave() -> None:
+            store._db.submit(lambda conn: conn.execute("SELECT 1"))  # never awaited
+
+        # run_until_complete stops the loop right after the coroutine: the commit it scheduled
+        # never runs there, and the loop closes with it still pending
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(write_and_leave())
+        loop.close()
+
+        async def later() -> int:
+            await asyncio.wait_for(store.append_call(make_call("s", [1, 2], [3])), 10)
+            return len(await store.calls("s"))
+
+        assert asyncio.run(later()) == 1
+    finally:
+        asyncio.run(store.close())

@@ -97,6 +97,7 @@ class SQLiteConnections:
         self._lock = threading.Lock()
         self._pending: list[tuple[Op, asyncio.Future[Any]]] = []
         self._kick_scheduled = False
+        self._kick_loop: asyncio.AbstractEventLoop | None = None
         self._queue: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
         self._dirty = threading.Event()  # written since the last checkpoint
         self._wrote = threading.Event()  # written since the checkpoint thread's last round
@@ -168,8 +169,12 @@ class SQLiteConnections:
         fut: asyncio.Future[T] = loop.create_future()
         with self._lock:
             self._pending.append((fn, fut))
-            schedule = not self._kick_scheduled
+            # A kick scheduled on another loop may never run (that loop can close first, as a
+            # test's or an ``asyncio.run``'s does): this loop then schedules its own. A kick
+            # takes whatever is pending, so a second one finds nothing and returns.
+            schedule = not self._kick_scheduled or self._kick_loop is not loop
             self._kick_scheduled = True
+            self._kick_loop = loop
         if schedule:
             # One loop iteration later than the next: the answers that arrive in the I/O poll
             # between them join this batch (group commit). At 16 calls in flight that halves
