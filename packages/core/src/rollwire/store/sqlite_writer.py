@@ -348,9 +348,11 @@ class SQLiteConnections:
             # journal_size_limit.
             _checkpoint(conn, "PASSIVE")
             if self._wal_limit > 0 and _size(self._wal) > self._wal_limit:
-                # Steady writes never let PASSIVE catch up: take the lock only if it is free
-                # right now, copy the few frames written since, and truncate.
-                _checkpoint(conn, "TRUNCATE")
+                # Steady writes beside readers never let PASSIVE catch up: a TRUNCATE that waits
+                # up to 100 ms for the writer and the readers in between (new writes wait
+                # meanwhile: the event loop's commit hands its batch to the writer thread rather
+                # than wait), copies the frames written since and empties the file.
+                _truncate_waiting(conn, 100)
         if conn is not None:
             conn.close()
 
@@ -395,6 +397,20 @@ def _checkpoint(conn: sqlite3.Connection, mode: str) -> bool:
     except sqlite3.Error:
         return False
     return row is not None and row[0] == 0
+
+
+def _truncate_waiting(conn: sqlite3.Connection, ms: int) -> bool:
+    """A ``TRUNCATE`` checkpoint that waits up to ``ms`` for the lock (the connection's busy
+    timeout is 0 otherwise)."""
+    try:
+        conn.execute(f"PRAGMA busy_timeout={int(ms)}")
+    except sqlite3.Error:
+        return False
+    try:
+        return _checkpoint(conn, "TRUNCATE")
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA busy_timeout=0")
 
 
 def _size(path: str) -> int:
