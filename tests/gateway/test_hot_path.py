@@ -142,7 +142,7 @@ def test_a_served_call_leaves_no_reference_cycle(client: Any) -> None:
 
 
 def test_freed_heap_goes_back_to_the_os() -> None:
-    """``malloc_trim`` (what the CLI's gateway calls every 10 s) returns freed C-heap pages: RSS
+    """``malloc_trim`` (what the CLI's gateway calls every 2 s) returns freed C-heap pages: RSS
     after freeing many mid-sized blocks (numpy arrays, as the delta cache drops them) falls."""
     import gc
     from pathlib import Path

@@ -314,8 +314,9 @@ async def test_a_held_write_lock_hands_batches_to_the_writer_thread_in_order(
 
 
 def test_a_loop_closed_before_its_commit_ran_does_not_stall_the_store(tmp_path: Path) -> None:
-    """A write whose loop closes before the commit it scheduled ran (a test's loop, an
-    ``asyncio.run`` ending): writes from another loop still commit, that one with them."""
+    """A write whose loop stops and closes before the commit it scheduled ran (a
+    ``run_until_complete`` that ends right after a write nobody awaits): writes from another
+    loop still commit, that one with them."""
     import asyncio
 
     store = SQLiteStore(str(tmp_path / "loops.db"))

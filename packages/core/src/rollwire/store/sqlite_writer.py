@@ -169,9 +169,10 @@ class SQLiteConnections:
         fut: asyncio.Future[T] = loop.create_future()
         with self._lock:
             self._pending.append((fn, fut))
-            # A kick scheduled on another loop may never run (that loop can close first, as a
-            # test's or an ``asyncio.run``'s does): this loop then schedules its own. A kick
-            # takes whatever is pending, so a second one finds nothing and returns.
+            # A kick scheduled on another loop may never run (that loop can stop and close
+            # first: a run_until_complete that ends right after a write nobody awaits): this
+            # loop then schedules its own. A kick takes whatever is pending, so a second one
+            # finds nothing and returns.
             schedule = not self._kick_scheduled or self._kick_loop is not loop
             self._kick_scheduled = True
             self._kick_loop = loop
