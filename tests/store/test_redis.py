@@ -136,3 +136,32 @@ async def test_get_settings_reads_the_set_ones_in_one_snapshot(
     finally:
         await a.close()
         await b.close()
+
+
+def test_a_loop_closed_before_its_flush_ran_does_not_stall_the_store(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """A write whose loop stops and closes before the flush it scheduled ran (a loop stopped
+    right after a write nobody awaits): the next loop's writes still go to Redis, that one with
+    them. Before, the dead loop's flusher looked alive forever and nothing was sent again. (The
+    Redis client's connections belong to the loop that opened them: the first loop opens none.)"""
+    from rollwire.store.redis_writer import WriteOp
+
+    store = RedisStore(redis_server.url, prefix=prefix)
+
+    async def write_and_leave() -> None:
+        store._w.submit(WriteOp("create", "s", SessionRecord(session_id="s")))  # never awaited
+        asyncio.get_running_loop().stop()  # this iteration is the loop's last
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(write_and_leave())
+    loop.close()
+
+    async def later() -> int:
+        try:
+            await asyncio.wait_for(store.append_call(make_call("s", [1, 2], [3])), 10)
+            return len(await store.calls("s"))
+        finally:
+            await store.close()
+
+    assert asyncio.run(later()) == 1

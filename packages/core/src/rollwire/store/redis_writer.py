@@ -57,6 +57,14 @@ __all__ = ["RedisWriter", "WriteOp"]
 T = TypeVar("T")
 _OUTAGE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError, OSError)
 _MAX_TRIES = 50  # stale re-sends of one write before giving up (another writer never stops)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Read an unawaited future's outcome (else asyncio logs an exception nobody retrieved)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 _SCRIPTS = {
     name: TERMINAL_LUA + src
     for name, src in (
@@ -140,10 +148,25 @@ class RedisWriter:
         loop = asyncio.get_running_loop()
         op.fut = loop.create_future()
         self._pending.append(op)
-        if self._flusher is None or self._flusher.done():
+        flusher = self._flusher
+        if flusher is not None and not flusher.done() and flusher.get_loop() is not loop:
+            # A flusher made on another loop may never finish (that loop can stop and close
+            # first: a run_until_complete that ends right after a write nobody awaits), and
+            # while it looks alive no other one starts. This loop flushes, those writes too.
+            self._adopt_orphans(loop)
+            flusher = None
+        if flusher is None or flusher.done():
             # Runs on the next loop iteration: everything queued in this tick goes together.
             self._flusher = loop.create_task(self._flush())
         return op.fut
+
+    def _adopt_orphans(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Give the queued writes whose loop has closed a future on ``loop``: they are still
+        written, and nobody can be waiting for their answer any more."""
+        for op in self._pending:
+            if op.fut.get_loop().is_closed():
+                op.fut = loop.create_future()
+                op.fut.add_done_callback(_retrieve)
 
     async def _flush(self) -> None:
         while self._pending:
