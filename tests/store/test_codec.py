@@ -138,3 +138,13 @@ def test_a_record_written_with_the_dictionary_still_reads() -> None:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}],
         },
     }
+
+
+def test_request_keys_are_pinned_xxh3_digests_of_the_raw_body() -> None:
+    """Stored calls keep their request keys, so the digest must never change: a known body's
+    key is pinned here. Bodies that differ in a byte (even whitespace) get different keys."""
+    from rollwire.store.codec import request_key
+
+    assert request_key(b'{"messages": []}') == "6d3a5d77901bb61d4ea0475f3ebe662a"
+    assert request_key(b'{"messages":[]}') != request_key(b'{"messages": []}')
+    assert len({request_key(str(i).encode()) for i in range(10_000)}) == 10_000

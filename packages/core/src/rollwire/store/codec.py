@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import xxhash
 import zstandard
 
 from rollwire.data.arrays import common_prefix_len
@@ -73,10 +74,13 @@ SUPERSEDED_FLAG = "superseded_by_retry"
 
 
 def request_key(raw_body: bytes) -> str:
-    """A stable digest of a request body as received (the same in every process), so an
-    agent's retry is matched to its original across gateways and restarts. SHA-256 (cut to 128
-    bits): CPUs hash it in hardware, ~3x faster than BLAKE2 on a request body."""
-    return hashlib.sha256(raw_body).hexdigest()[:32]
+    """A stable digest of a request body as received (the same in every process and on every
+    platform), so an agent's retry is matched to its original across gateways and restarts:
+    XXH3-128, 32 hex digits. It only has to tell an agent's own requests apart, and it costs
+    ~0.3 µs for an 8 kB body where SHA-256 cost ~7 µs, on every call. Never change it: stored
+    calls keep their keys. (Stores written before XXH3 hold SHA-256 keys: a retry of a call
+    made before that upgrade is not linked to it.)"""
+    return xxhash.xxh3_128_hexdigest(raw_body)
 
 
 #: The zstd dictionary of the JSON parts (raw content: the text a call's meta, its response and
