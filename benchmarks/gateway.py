@@ -305,8 +305,9 @@ def compare(
         }
         level_urls = urls(c)
         per_round = max(1, requests // rounds)
-        for _ in range(rounds):
-            for t in targets:
+        for i in range(rounds):
+            # Forward, then backward: no target always runs right after the same other one.
+            for t in list(targets) if i % 2 == 0 else list(targets)[::-1]:
                 pid = targets[t]["pid"]
                 cpu0 = cpu_seconds(pid)
                 res = run_load(
@@ -338,6 +339,7 @@ def compare(
                     "added_p99_ms": (p99 - base99) * 1e3 if t != "direct" else 0.0,
                     "cpu_us": st["cpu"] / max(1, st["served"]) * 1e6,
                     "cpu_med_us": statistics.median(st["cpus"]),
+                    "cpu_rounds": st["cpus"],
                     "rps_med": statistics.median(st["rpss"]),
                     "rss_mb": rss_mb(targets[t]["pid"]),
                     "load1": os.getloadavg()[0],
@@ -774,10 +776,14 @@ def targets_block(
             add(name, None, "needs --compare-src")
             continue
         ratio = new["cpu_med_us"] / old["cpu_med_us"]
+        paired = sorted(a / b for a, b in zip(new["cpu_rounds"], old["cpu_rounds"]))
+        k = len(paired)
         add(
             name,
             ratio <= limit,
-            f"{new['cpu_med_us']:.0f} vs {old['cpu_med_us']:.0f} us = {ratio:.2f}x",
+            f"{new['cpu_med_us']:.0f} vs {old['cpu_med_us']:.0f} us = {ratio:.2f}x; round by "
+            f"round {statistics.median(paired):.2f}x, {paired[0]:.2f}-{paired[-1]:.2f} over {k} "
+            f"rounds ({100 * (1 - 2 ** (1 - k)):.0f}% interval of the median)",
         )
     hi = [r for r in main_rows or () if r["target"] == "rollwire" and r["c"] >= 16]
     if hi:
