@@ -67,7 +67,7 @@ def _text(block: Mapping[str, Any]) -> str:
 
 def _image(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     source = block.get("source")
-    if not isinstance(source, Mapping):
+    if not isinstance(source, dict):
         raise DialectError(f"{where}.source must be an object", param=f"{where}.source")
     if source.get("type") == "base64":
         url = f"data:{source.get('media_type')};base64,{source.get('data')}"
@@ -84,7 +84,7 @@ def _image(block: Mapping[str, Any], where: str) -> dict[str, Any]:
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    if not isinstance(content, list) or not all(isinstance(b, Mapping) for b in content):
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
         raise DialectError(f"{where} must be a string or a list of content blocks", param=where)
     return [dict(b) for b in content]
 
@@ -177,8 +177,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         raise DialectError("'tools' must be a list", param="tools")
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, Mapping) or tool.get("type") not in (None, "custom"):
-            kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
+        if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise DialectError(
                 f"tools[{i}] is a server tool of type {kind!r}; the gateway serves custom tools "
                 "(name, description, input_schema) only",
@@ -195,7 +195,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 
 
 def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
-    if not isinstance(choice, Mapping) or choice.get("type") not in ("auto", "any", "tool", "none"):
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise DialectError(
             f"tool_choice {choice!r} is not supported; use type auto, any, tool or none",
             param="tool_choice",
@@ -233,7 +233,7 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise DialectError("'messages' must be a non-empty list", param="messages")
     for i, msg in enumerate(raw):
-        role = msg.get("role") if isinstance(msg, Mapping) else None
+        role = msg.get("role") if isinstance(msg, dict) else None
         content = msg.get("content", "") if role is not None else None
         if isinstance(content, str) and role in ("user", "assistant"):
             # Plain text (most turns): what the block path below makes of a single text block.
@@ -281,7 +281,7 @@ def request_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     # Anything else (a backend's sampling extensions: min_p, ...) goes on as it came.
     chat.update((k, v) for k, v in body.items() if k not in _IGNORED and k not in _REFUSED)
     thinking = body.get("thinking")
-    if isinstance(thinking, Mapping) and thinking.get("type") in (
+    if isinstance(thinking, dict) and thinking.get("type") in (
         "enabled",
         "disabled",
         "adaptive",
@@ -388,7 +388,7 @@ def request_from_chat(chat: Mapping[str, Any]) -> dict[str, Any]:
         ]
     choice = chat.get("tool_choice")
     if choice is not None:
-        if isinstance(choice, Mapping):
+        if isinstance(choice, dict):
             tc: dict[str, Any] = {"type": "tool", "name": choice["function"]["name"]}
         else:
             tc = {"type": {"auto": "auto", "required": "any", "none": "none"}[choice]}
@@ -401,7 +401,7 @@ def request_from_chat(chat: Mapping[str, Any]) -> dict[str, Any]:
         if chat.get(key) is not None:
             body[key] = chat[key]
     kwargs = chat.get("chat_template_kwargs")
-    if isinstance(kwargs, Mapping) and "enable_thinking" in kwargs:
+    if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
         body["thinking"] = {"type": "enabled" if kwargs["enable_thinking"] else "disabled"}
         if kwargs["enable_thinking"]:
             body["thinking"]["budget_tokens"] = chat.get("max_tokens")

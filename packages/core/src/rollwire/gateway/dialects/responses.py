@@ -91,7 +91,7 @@ def _text_parts(parts: Any, where: str, *, allow_images: bool) -> str | list[dic
         raise DialectError(f"{where} must be a string or a list of content parts", param=where)
     out: list[dict[str, Any]] = []
     for i, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, Mapping) else None
+        kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text", "refusal", "summary_text"):
             out.append({"type": "text", "text": str(part.get("text", part.get("refusal", "")))})
         elif kind == "input_image" and allow_images and part.get("image_url"):
@@ -113,10 +113,10 @@ def _text_parts(parts: Any, where: str, *, allow_images: bool) -> str | list[dic
 def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
     content = item.get("content")
     parts = content if isinstance(content, list) else []
-    texts = [str(c.get("text", "")) for c in parts if isinstance(c, Mapping)]
+    texts = [str(c.get("text", "")) for c in parts if isinstance(c, dict)]
     summary = item.get("summary")
     if not texts and isinstance(summary, list):
-        texts = [str(s.get("text", "")) for s in summary if isinstance(s, Mapping)]
+        texts = [str(s.get("text", "")) for s in summary if isinstance(s, dict)]
     if not texts and isinstance(item.get("encrypted_content"), str):
         sealed = item["encrypted_content"]
         if not sealed.startswith(SEALED_PREFIX):
@@ -150,7 +150,7 @@ class _Items:
         self._open = None
 
     def add(self, item: Any, where: str) -> None:
-        if not isinstance(item, Mapping):
+        if not isinstance(item, dict):
             raise DialectError(f"{where} must be an object", param=where)
         kind = item.get("type", "message")
         if kind == "message":
@@ -217,7 +217,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         raise DialectError("'tools' must be a list", param="tools")
     out = []
     for i, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function" or not tool.get("name"):
             raise DialectError(
                 f"tools[{i}] is of type {kind!r}; the gateway serves function tools only "
@@ -235,7 +235,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 def _tool_choice(choice: Any) -> Any:
     if choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, Mapping) and choice.get("type") == "function" and choice.get("name"):
+    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise DialectError(
         f"tool_choice {choice!r} is not supported; use 'auto', 'none', 'required' or "
@@ -245,8 +245,8 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def _text_format(text: Any) -> dict[str, Any] | None:
-    fmt = text.get("format") if isinstance(text, Mapping) else None
-    if not isinstance(fmt, Mapping) or fmt.get("type") in (None, "text"):
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
         return None
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
@@ -375,7 +375,7 @@ def request_from_chat(chat: Mapping[str, Any]) -> dict[str, Any]:
     if chat.get("tools"):
         body["tools"] = [{"type": "function", **t["function"]} for t in chat["tools"]]
     choice = chat.get("tool_choice")
-    if isinstance(choice, Mapping):
+    if isinstance(choice, dict):
         body["tool_choice"] = {"type": "function", "name": choice["function"]["name"]}
     elif choice is not None:
         body["tool_choice"] = choice
@@ -385,9 +385,9 @@ def request_from_chat(chat: Mapping[str, Any]) -> dict[str, Any]:
         if chat.get(key) is not None:
             body[key] = chat[key]
     fmt = chat.get("response_format")
-    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         body["text"] = {"format": {"type": "json_schema", **fmt["json_schema"]}}
-    elif isinstance(fmt, Mapping) and fmt.get("type") == "json_object":
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         body["text"] = {"format": {"type": "json_object"}}
     if chat.get("reasoning_effort") is not None:
         body["reasoning"] = {"effort": chat["reasoning_effort"]}

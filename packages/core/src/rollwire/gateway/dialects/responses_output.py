@@ -91,7 +91,7 @@ def response_from_chat(
     usage = completion.get("usage") or {}
     prompt, generated = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     asked = request.get("reasoning")
-    reasoning: Mapping[str, Any] = asked if isinstance(asked, Mapping) else {}
+    reasoning: Mapping[str, Any] = asked if isinstance(asked, dict) else {}
     return {
         "id": response_id,
         "object": "response",
