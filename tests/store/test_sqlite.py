@@ -339,3 +339,32 @@ def test_a_loop_closed_before_its_commit_ran_does_not_stall_the_store(tmp_path: 
         assert asyncio.run(later()) == 1
     finally:
         asyncio.run(store.close())
+
+
+async def test_a_batch_with_a_closed_and_a_missing_session_fails_only_their_appends(
+    tmp_path: Path,
+) -> None:
+    """The batch's session counters are one executemany: a session that refused rolls the batch
+    back, and the one-by-one rerun fails only the appends to the closed and the missing one."""
+    import asyncio
+
+    from rollwire.store.base import SessionClosed, SessionNotFound
+
+    store = SQLiteStore(str(tmp_path / "c.db"))
+    for sid in ("open1", "done", "open2"):
+        await store.create_session(SessionRecord(session_id=sid))
+    await store.complete("done")
+    results = await asyncio.gather(
+        store.append_call(make_call("open1", [1], [2])),
+        store.append_call(make_call("done", [1], [2])),
+        store.append_call(make_call("nobody", [1], [2])),
+        store.append_call(make_call("open2", [1, 2], [3, 4])),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], SessionClosed) and "accepts no more calls" in str(results[1])
+    assert isinstance(results[2], SessionNotFound)
+    assert isinstance(results[0], ModelCall) and isinstance(results[3], ModelCall)
+    assert [len(await store.calls(s)) for s in ("open1", "done", "open2")] == [1, 0, 1]
+    counted = {s: await store.get_session(s) for s in ("open1", "open2")}
+    assert [(r.num_calls, r.num_tokens) for r in counted.values()] == [(1, 1), (1, 2)]
+    await store.close()

@@ -135,26 +135,30 @@ class SQLiteStore(WriteBatch):
         self._counts = {}
 
     def before_commit(self, conn: sqlite3.Connection) -> None:
-        """Writer thread: one counter UPDATE per session of the batch, which also refuses calls
-        to a terminal session (raising rolls the batch back; the one-by-one rerun then fails
-        only the appends that came after the completion)."""
-        for session_id, (calls, tokens) in self._counts.items():
-            cur = conn.execute(
-                "UPDATE sessions SET num_calls = num_calls + ?, num_tokens = num_tokens + ?"
-                f" WHERE session_id = ? AND status NOT IN ({_TERMINAL_SQL})",
-                (calls, tokens, session_id),
-            )
-            if cur.rowcount == 0:
-                row = conn.execute(
-                    "SELECT status FROM sessions WHERE session_id = ?", (session_id,)
-                ).fetchone()
-                if row is None:
-                    raise SessionNotFound(
-                        f"no session {session_id!r}: create it before adding calls"
-                    )
+        """Writer thread: the counter UPDATE of each session of the batch (one executemany), which
+        also refuses calls to a terminal session (raising rolls the batch back; the one-by-one
+        rerun then fails only the appends that came after the completion)."""
+        counts = self._counts
+        if not counts:
+            return
+        cur = conn.executemany(
+            "UPDATE sessions SET num_calls = num_calls + ?, num_tokens = num_tokens + ?"
+            f" WHERE session_id = ? AND status NOT IN ({_TERMINAL_SQL})",
+            [(calls, tokens, session_id) for session_id, (calls, tokens) in counts.items()],
+        )
+        if cur.rowcount == len(counts):  # one statement for the batch: every session took it
+            return
+        for session_id in counts:  # the first session that refused, as the appends came
+            row = conn.execute(
+                "SELECT status FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            if row is None:
+                raise SessionNotFound(f"no session {session_id!r}: create it before adding calls")
+            if row[0] in TERMINAL_STATUSES:
                 raise SessionClosed(
                     f"session {session_id!r} is {row[0]}: a terminal session accepts no more calls"
                 )
+        raise AssertionError("a session counter UPDATE changed no row, yet every session is open")
 
     def rolled_back(self) -> None:
         """Writer thread: blobs and deltas of the rolled-back transaction are gone."""

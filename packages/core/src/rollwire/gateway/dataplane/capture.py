@@ -20,6 +20,7 @@ __all__ = [
     "StreamAccumulator",
     "capture_spans",
     "extract",
+    "int32_ids",
     "resolve_policy_version",
     "strip_chunk",
     "strip_response",
@@ -108,22 +109,32 @@ class Captured:
 _INT32_PACKERS: dict[int, struct.Struct] = {}
 
 
+def int32_ids(value: list[Any]) -> np.ndarray:
+    """A list of plain ints as int32 in one C loop (~40% cheaper than ``np.fromiter``'s
+    per-item conversion); :class:`ValueError` when one is not an int or is out of range."""
+    n = len(value)
+    if not n:
+        return _EMPTY_I32
+    packer = _INT32_PACKERS.get(n)
+    if packer is None:
+        if len(_INT32_PACKERS) >= 1024:
+            _INT32_PACKERS.clear()
+        packer = _INT32_PACKERS[n] = struct.Struct(f"={n}i")
+    arr = np.empty(n, dtype=np.int32)
+    try:
+        packer.pack_into(arr.data, 0, *value)
+    except struct.error as exc:
+        raise ValueError(str(exc)) from None
+    return arr
+
+
 def _ids(value: Any) -> np.ndarray:
     if not value:
         return _EMPTY_I32
     if isinstance(value, list):
-        n = len(value)
-        packer = _INT32_PACKERS.get(n)
-        if packer is None:
-            if len(_INT32_PACKERS) >= 1024:
-                _INT32_PACKERS.clear()
-            packer = _INT32_PACKERS[n] = struct.Struct(f"={n}i")
-        arr = np.empty(n, dtype=np.int32)
         try:
-            # One C loop over the list: ~40% cheaper than np.fromiter's per-item conversion.
-            packer.pack_into(arr.data, 0, *value)
-            return arr
-        except struct.error:
+            return int32_ids(value)
+        except ValueError:
             pass  # not all plain ints in range: numpy says what they are (or why not)
     return np.array(value, dtype=np.int32)
 
@@ -177,19 +188,24 @@ def _weight_version(choice: dict[str, Any], data: dict[str, Any]) -> str | None:
     return str(one) if one is not None else None
 
 
-def extract(data: dict[str, Any]) -> Captured:
-    """Capture from a non-streaming chat or completions response (first choice)."""
+def extract(data: dict[str, Any], prompt_ids: np.ndarray | None = None) -> Captured:
+    """Capture from a non-streaming chat or completions response (first choice); its prompt's
+    ids are ``prompt_ids`` when given (read apart from ``data`` by :mod:`.answer`)."""
     cap = Captured()
     choices = data.get("choices") or []
     choice = choices[0] if choices else {}
-    prompt = data.get("prompt_token_ids")
-    if prompt is None:
-        prompt = choice.get("prompt_token_ids")
     completion = choice.get("token_ids")
     if completion is None:
         completion = choice.get("response_token_ids")  # SGLang's OpenAI chat
-    cap.has_ids = prompt is not None and completion is not None
-    cap.prompt_ids = _ids(prompt)
+    if prompt_ids is not None:
+        cap.has_ids = completion is not None
+        cap.prompt_ids = prompt_ids
+    else:
+        prompt = data.get("prompt_token_ids")
+        if prompt is None:
+            prompt = choice.get("prompt_token_ids")
+        cap.has_ids = prompt is not None and completion is not None
+        cap.prompt_ids = _ids(prompt)
     cap.completion_ids = _ids(completion)
     lps = _chat_logprobs(choice.get("logprobs"))
     cap.logprobs = np.array(lps, dtype=np.float32) if lps else _EMPTY_F32

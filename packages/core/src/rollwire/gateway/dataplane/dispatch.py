@@ -20,6 +20,7 @@ from rollwire.gateway.backends.upstream import (
     UpstreamConnectError,
     UpstreamError,
 )
+from rollwire.gateway.dataplane.answer import read_session_answer
 from rollwire.gateway.dataplane.capture import (
     Asked,
     Captured,
@@ -255,11 +256,14 @@ async def forward(
     if status != 200:
         return await upstream_refused(gw, call, commit, status, payload, t0)
     try:
-        data = orjson.loads(payload)
+        if asked.token_ids:  # the agent gets the ids back: parse them as they are
+            data, prompt_ids = orjson.loads(payload), None
+        else:
+            data, prompt_ids = read_session_answer(payload, st.record.session_id)
     except orjson.JSONDecodeError:
         message = "inference backend answered with invalid JSON"
         return await fail_call(gw, call, commit, 502, message, "bad_gateway", t0)
-    fill_call(gw, call, extract(data), backend)
+    fill_call(gw, call, extract(data, prompt_ids), backend)
     if not asked.everything:
         _strip(data, asked)
         payload = orjson.dumps(data)
