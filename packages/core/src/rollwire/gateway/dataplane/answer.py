@@ -6,16 +6,17 @@ new turns, and vLLM (SGLang too) sends it back whole in ``prompt_token_ids``: at
 context ~45 kB of JSON a call, most of the answer, and parsing it into Python ints and packing
 them was the largest single cost of a call's capture. So the gateway keeps, per session, the
 length and XXH3-128 digest of the last ``prompt_token_ids`` text and its ids (a
-:class:`PromptMemo`; :class:`PromptMemos` keeps them for the most recent sessions, 4M ids in all,
-and :func:`read_session_answer` reads with them). The next answer's prompt text is cut out of the body before the rest is
-parsed; where it starts with the remembered text (same length, same digest) and goes on with a
-comma, only the ids after it are parsed, and the remembered ids are reused (the same array when
-nothing was added). Anything else (no memo, another prefix, odd layout) parses the ids whole;
+:class:`PromptMemo`; :class:`PromptMemos` keeps them, 4M ids in all, and
+:func:`read_session_answer` reads with them). The next answer's prompt text is cut out of the
+body before the rest is parsed; where it starts with the remembered text (same length, same
+digest) and goes on with a comma, only the ids after it are parsed, and the remembered ids are
+reused (the same array when nothing was added). Anything else (no memo, another prefix, odd layout) parses the ids whole;
 a body the cut cannot place exactly is parsed as it came. The result is the plain parse's.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -45,14 +46,15 @@ class PromptMemo:
 
 
 class PromptMemos:
-    """The memos of the sessions that answered last, ``max_ids`` ids in all at most (the least
-    recently used go first). A memo is only ever used where its digest matches the text, so a
-    stale or evicted one costs a full parse, never a wrong capture."""
+    """The sessions' memos, ``max_ids`` ids in all at most (the longest unchanged go first). A
+    memo is only ever used where its digest matches the text, so a stale or evicted one costs a
+    full parse, never a wrong capture."""
 
     def __init__(self, max_ids: int = 4_000_000) -> None:
         self.max_ids = max_ids
         self.ids = 0
         self._memos: OrderedDict[str, PromptMemo] = OrderedDict()
+        self._lock = threading.Lock()  # gateways in threads of one process share MEMOS
 
     def __len__(self) -> int:
         return len(self._memos)
@@ -62,13 +64,14 @@ class PromptMemos:
 
     def put(self, session_id: str, memo: PromptMemo) -> None:
         memos = self._memos
-        old = memos.pop(session_id, None)
-        if old is not None:
-            self.ids -= old.ids.shape[0]
-        memos[session_id] = memo
-        self.ids += memo.ids.shape[0]
-        while self.ids > self.max_ids and memos:
-            self.ids -= memos.popitem(last=False)[1].ids.shape[0]
+        with self._lock:
+            old = memos.pop(session_id, None)
+            if old is not None:
+                self.ids -= old.ids.shape[0]
+            memos[session_id] = memo
+            self.ids += memo.ids.shape[0]
+            while self.ids > self.max_ids and memos:
+                self.ids -= memos.popitem(last=False)[1].ids.shape[0]
 
 
 #: this process's memos (digest-checked, so gateways in one process may share them)
