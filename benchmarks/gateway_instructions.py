@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import gateway as bench  # noqa: E402 (the benchmark's own helpers: null backend, sessions, load)
-from _procs import Proc, free_port, wait_http  # noqa: E402
+import gateway as bench  # the benchmark's own helpers: null backend, sessions, load
+from _procs import Proc, free_port, wait_http
 
 
 def instructions_per_call(
