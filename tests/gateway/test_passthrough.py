@@ -227,3 +227,31 @@ def test_metrics_and_health(gateway: RunningGateway) -> None:
     assert "rollwire_calls_total" in text and "rollwire_store_commit_seconds_count" in text
     assert "rollwire_call_latency_seconds_bucket" in text
     assert httpx.get(gateway.url + "/health", timeout=30).json()["status"] == "ok"
+
+
+def test_a_growing_conversation_is_captured_exactly_and_its_memo_goes_with_the_session(
+    client: GatewayClient,
+) -> None:
+    """Turn after turn the prompt extends the last one: the gateway parses only the new ids
+    (dataplane.answer's memo), captures the same ids as a plain parse would, and forgets the
+    memo when the session completes."""
+    from rollwire.gateway.dataplane.answer import MEMOS
+
+    h = client.create_session()
+    oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+    messages = list(MSGS)
+    for turn in range(4):
+        r = oai.chat.completions.create(model="policy", messages=messages)
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": f"and then {turn}?"},
+        ]
+    memo = MEMOS.get(h.session_id)
+    calls = client.calls(h.session_id)
+    assert memo is not None and np.array_equal(memo.ids, calls[-1].prompt_ids)
+    for i, call in enumerate(calls):
+        prompt, _ = _expected(messages[: 2 + 2 * i], "")
+        np.testing.assert_array_equal(call.prompt_ids, prompt)
+        assert call.trainable
+    client.complete(h.session_id, reward=1.0)
+    assert MEMOS.get(h.session_id) is None

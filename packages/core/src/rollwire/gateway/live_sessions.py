@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollwire.gateway.backends.pool import BackendPool
 from rollwire.gateway.config import GatewayConfig
+from rollwire.gateway.dataplane.answer import MEMOS
 from rollwire.gateway.dataplane.sessions import SessionState
 from rollwire.gateway.errors import GatewayError
 from rollwire.gateway.metrics import GatewayMetrics
@@ -157,7 +158,8 @@ class LiveSessions:
             )
 
     def session_finished(self, rec: SessionRecord) -> None:
-        """Called when a session became terminal: wake waiters, drop routing affinity."""
+        """Called when a session became terminal: wake waiters, drop routing affinity and the
+        memo of its last prompt."""
         st = self.sessions.get(rec.session_id)
         if st is not None:
             st.record = rec
@@ -167,3 +169,4 @@ class LiveSessions:
         if ev is not None:
             ev.set()
         self.pool.forget(rec.session_id)
+        MEMOS.drop(rec.session_id)

@@ -27,7 +27,7 @@ import xxhash
 
 from rollwire.gateway.dataplane.capture import int32_ids
 
-__all__ = ["PromptMemo", "PromptMemos", "read_answer", "read_session_answer"]
+__all__ = ["MEMOS", "PromptMemo", "PromptMemos", "read_answer", "read_session_answer"]
 
 _KEY = b'"prompt_token_ids":['
 #: stands in for the cut-out ids while the rest is parsed: below int32, so no backend's token id
@@ -72,6 +72,13 @@ class PromptMemos:
             self.ids += memo.ids.shape[0]
             while self.ids > self.max_ids and memos:
                 self.ids -= memos.popitem(last=False)[1].ids.shape[0]
+
+    def drop(self, session_id: str) -> None:
+        """Forget a session's memo (it ended: no answer of it will come again)."""
+        with self._lock:
+            old = self._memos.pop(session_id, None)
+            if old is not None:
+                self.ids -= old.ids.shape[0]
 
 
 #: this process's memos (digest-checked, so gateways in one process may share them)
