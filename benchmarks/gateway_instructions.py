@@ -12,7 +12,8 @@ warm-up, counting is switched on for ``--requests`` calls at each concurrency, t
 
     apt-get install -y valgrind
     git worktree add --detach /tmp/old f11dfb8
-    uv run --frozen python benchmarks/gateway_instructions.py --compare-src /tmp/old/packages/core/src
+    uv run --frozen python benchmarks/gateway_instructions.py \
+        --compare-src /tmp/old/packages/core/src
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from _procs import Proc, free_port, wait_http
 def instructions_per_call(
     tmp: Path, null_url: str, src: str | None, concurrency: int, n: int, warmup: int
 ) -> float:
-    """Instructions per call of one fresh gateway (``src``'s tree, else this one) under callgrind."""
+    """Instructions per call of a fresh gateway (``src``'s tree, else this one) under callgrind."""
     port, key = free_port(), "bench-admin-key"
     out = tmp / f"callgrind-{port}.out"
     argv = [

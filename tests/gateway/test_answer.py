@@ -107,6 +107,8 @@ def test_an_unchanged_prompt_reuses_the_remembered_ids() -> None:
     _, grown, memo3 = read_answer(longer, memo)
     assert grown is not None and grown.tolist() == [*range(1000, 1600), 7, 8]
     assert memo3 is not None and memo3.ids is grown
+    _, same, _ = read_answer(longer, memo3)  # the grown memo's digest covers all of its text
+    assert same is grown
     # Same length, other text: the digest tells them apart.
     other = orjson.dumps(vllm_answer(list(range(2000, 2600)), [5, 6]))
     _, ids, _ = read_answer(other, memo)

@@ -10,8 +10,9 @@ length and XXH3-128 digest of the last ``prompt_token_ids`` text and its ids (a
 :func:`read_session_answer` reads with them). The next answer's prompt text is cut out of the
 body before the rest is parsed; where it starts with the remembered text (same length, same
 digest) and goes on with a comma, only the ids after it are parsed, and the remembered ids are
-reused (the same array when nothing was added). Anything else (no memo, another prefix, odd layout) parses the ids whole;
-a body the cut cannot place exactly is parsed as it came. The result is the plain parse's.
+reused (the same array when nothing was added). Anything else (no memo, another prefix, odd
+layout) parses the ids whole; a body the cut cannot place exactly is parsed as it came. The
+result is the plain parse's.
 """
 
 from __future__ import annotations
