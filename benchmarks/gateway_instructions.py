@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gateway as bench  # the benchmark's own helpers: null backend, sessions, load
-from _procs import Proc, free_port, wait_http
+from _procs import Proc, free_port
 
 
 def instructions_per_call(
@@ -57,12 +56,10 @@ def instructions_per_call(
         "--admin-key",
         key,
     ]
-    env = {**os.environ, **({"PYTHONPATH": src} if src else {})}
-    with open(tmp / f"gw-{port}.log", "w") as log:
-        gw = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    env = {"PYTHONPATH": src} if src else None
+    gw = Proc(f"callgrind-{port}", argv, url + "/health", env=env, timeout=600)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", 600)
         urls = bench.rollwire_sessions(url, key, concurrency)
         body = json.dumps(bench.request_body()).encode()
         bench.run_load(urls, [{}], body, warmup, concurrency)
@@ -80,12 +77,7 @@ def instructions_per_call(
                 return int(line.split()[1]) / res["sent"]
         raise RuntimeError(f"no totals in {dumps[0]}")
     finally:
-        gw.terminate()
-        try:
-            gw.wait(60)
-        except subprocess.TimeoutExpired:
-            gw.kill()
-            gw.wait()
+        gw.stop()
 
 
 def main() -> None:

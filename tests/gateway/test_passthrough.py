@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import numpy as np
@@ -19,6 +20,20 @@ TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type":
 
 def _expected(messages: list[dict], text: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array(render_ids(messages)), np.array([*text.encode(), END_ID])
+
+
+def _converse(client: GatewayClient, turns: int, follow_up: str) -> tuple[Any, list[dict]]:
+    """A new session's conversation of ``turns`` calls, each answered and followed up."""
+    h = client.create_session()
+    oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
+    history = list(MSGS)
+    for i in range(turns):
+        r = oai.chat.completions.create(model="policy", messages=history)
+        history += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": follow_up.format(i)},
+        ]
+    return h, history
 
 
 def test_sync_non_streaming_capture(
@@ -65,15 +80,7 @@ def test_agent_asking_for_vendor_fields_gets_them(client: GatewayClient) -> None
 
 
 def test_multi_turn_prompt_delta_and_trajectory(client: GatewayClient) -> None:
-    h = client.create_session()
-    oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
-    history = list(MSGS)
-    for i in range(3):
-        r = oai.chat.completions.create(model="policy", messages=history)
-        history += [
-            {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": f"and {i}?"},
-        ]
+    h, _ = _converse(client, 3, "and {}?")
     calls = client.calls(h.session_id)
     assert [c.index for c in calls] == [0, 1, 2]
     assert calls[1].parent_call_id == calls[0].call_id
@@ -237,15 +244,7 @@ def test_a_growing_conversation_is_captured_exactly_and_its_memo_goes_with_the_s
     memo when the session completes."""
     from rollwire.gateway.dataplane.answer import MEMOS
 
-    h = client.create_session()
-    oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
-    messages = list(MSGS)
-    for turn in range(4):
-        r = oai.chat.completions.create(model="policy", messages=messages)
-        messages += [
-            {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": f"and then {turn}?"},
-        ]
+    h, messages = _converse(client, 4, "and then {}?")
     memo = MEMOS.get(h.session_id)
     calls = client.calls(h.session_id)
     assert memo is not None and np.array_equal(memo.ids, calls[-1].prompt_ids)
