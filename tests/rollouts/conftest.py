@@ -44,11 +44,16 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     it, and the next try (with the node's files already in the page cache) is much faster. So
     the start is tried up to three times before the test fails on it.
     """
-    ray = pytest.importorskip("ray")
-
-    # Under `uv run`, Ray would package the working tree and start every worker through uv.
+    # Under `uv run`, Ray would package the working tree and start every worker through `uv
+    # run` (minutes on a loaded machine: a rollout once ran past a 240 s deadline that way). Ray
+    # reads this switch when it is imported, so it is set first, and set on the constant in case
+    # another test imported Ray already.
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray = pytest.importorskip("ray")
+    from ray._private import ray_constants
+
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
     modules = tmp_path_factory.mktemp("ray-agents")
     paths = [str(modules), *(p for p in sys.path if p and os.path.isdir(p))]
     errors: list[str] = []
