@@ -9,6 +9,7 @@ the same completion ids and log-probs, and re-scoring prompt + completion with
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -133,3 +134,44 @@ def test_captured_calls_are_what_vllm_samples(
         assert len(rows) == 1, [r.fork for r in rows]
     masked = np.concatenate([r.response_ids[r.loss_mask == 1] for r in rows])
     np.testing.assert_array_equal(masked, np.concatenate([c.completion_ids for c in calls[:3]]))
+
+
+def test_vllms_growing_prompt_is_read_through_the_sessions_memo(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM sends each turn's whole prompt back in ``prompt_token_ids``; the gateway parses only
+    the ids past the session's previous prompt (``dataplane/answer.py``). This checks that fast
+    path is what real vLLM's answers take, not the whole-parse fallback: each read is also tried
+    with a memo whose ids are a marker, and the marker shows up wherever the memo's ids are
+    reused."""
+    from rollwire.gateway.dataplane import answer
+
+    real = answer._prompt_ids
+    reads: list[tuple[int, bool]] = []  # (remembered ids, whether the marker came back)
+
+    def probe(span: bytes, memo: answer.PromptMemo | None) -> Any:
+        if memo is not None:
+            marker = answer.PromptMemo(memo.size, memo.digest, np.full_like(memo.ids, -7))
+            tried, _ = real(span, marker)
+            n = memo.ids.shape[0]
+            reads.append((n, bool((tried[:n] == -7).all())))
+        else:
+            reads.append((0, False))
+        return real(span, memo)
+
+    monkeypatch.setattr(answer, "_prompt_ids", probe)
+    client = gateway.client()
+    s = client.create_session(
+        capture="passthrough", sampling={"temperature": 1.0, "max_tokens": 96}
+    )
+    assert _run_arithmetic(s.base_url, stream=False) == "The answer is 20."
+    calls = client.calls(s.session_id)
+    assert len(calls) == 3 and all(c.status == "ok" and c.trainable for c in calls)
+    # the first call has no memo; the next two reuse the previous prompt's ids whole
+    assert reads == [(0, False), (len(calls[0].prompt_ids), True), (len(calls[1].prompt_ids), True)]
+    memo = answer.MEMOS.get(s.session_id)
+    assert memo is not None and memo.ids.tolist() == calls[2].prompt_ids.tolist()
+    for a, b in itertools.pairwise(calls):  # each prompt extends the one before
+        assert b.prompt_ids[: len(a.prompt_ids)].tolist() == a.prompt_ids.tolist()
+    client.complete(s.session_id, reward=1.0)
+    assert answer.MEMOS.get(s.session_id) is None  # the session ended: its memo went with it
