@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from rollwire.gateway.dialects.errors import DialectError
+from rollwire.gateway.dialects.responses_from_chat import SAME_KEYS, request_from_chat
 from rollwire.gateway.dialects.responses_output import (
     ENCRYPTED_REASONING,
     INCOMPLETE_REASONS,
@@ -43,8 +44,6 @@ __all__ = [
     "response_to_chat",
 ]
 
-# Sampling keys that mean the same in both APIs.
-_SAME_KEYS = ("temperature", "top_p", "parallel_tool_calls", "user", "top_logprobs")
 # Accepted and not forwarded: bookkeeping the backend has no use for.
 _IGNORED = frozenset(
     {
@@ -70,7 +69,7 @@ _IGNORED = frozenset(
         "truncation",
         "stream_options",
         "client_metadata",
-        *_SAME_KEYS,
+        *SAME_KEYS,
     }
 )
 _REFUSED = {
@@ -293,7 +292,7 @@ def request_to_chat(
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    for key in _SAME_KEYS:
+    for key in SAME_KEYS:
         if body.get(key) is not None:
             chat[key] = body[key]
     # Anything else (a backend's sampling extensions: top_k, min_p, ...) goes on as it came.
@@ -309,89 +308,6 @@ def request_to_chat(
     if effort is not None:
         chat["reasoning_effort"] = effort
     return chat
-
-
-def _content_items(content: Any, role: str) -> Any:
-    if isinstance(content, str) or content is None:
-        return content or ""
-    kind = "output_text" if role == "assistant" else "input_text"
-    out = []
-    for part in content:
-        if part.get("type") == "image_url":
-            image = part["image_url"]
-            piece = {"type": "input_image", "image_url": image["url"]}
-            piece["detail"] = image.get("detail", "auto")
-            out.append(piece)
-        else:
-            out.append({"type": kind, "text": part.get("text", "")})
-    return out
-
-
-def _message_items(msg: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
-    role = msg.get("role")
-    if role == "tool":
-        output = _content_items(msg.get("content"), "user")
-        return [
-            {"type": "function_call_output", "call_id": msg.get("tool_call_id"), "output": output}
-        ]
-    if role != "assistant":
-        return [
-            {"type": "message", "role": role, "content": _content_items(msg.get("content"), "user")}
-        ]
-    items: list[dict[str, Any]] = []
-    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-    if reasoning:
-        items.append(
-            {
-                "type": "reasoning",
-                "id": f"rs_{n}",
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": reasoning}],
-            }
-        )
-    if msg.get("content"):
-        items.append({"type": "message", "role": "assistant", "content": msg["content"]})
-    for call in msg.get("tool_calls") or ():
-        fn = call["function"]
-        items.append(
-            {
-                "type": "function_call",
-                "call_id": call["id"],
-                "name": fn["name"],
-                "arguments": fn["arguments"],
-            }
-        )
-    return items
-
-
-def request_from_chat(chat: Mapping[str, Any]) -> dict[str, Any]:
-    """A Chat Completions request as a Responses request (the inverse of :func:`request_to_chat`
-    on what that function produces)."""
-    messages = list(chat.get("messages") or [])
-    body: dict[str, Any] = {"model": chat.get("model") or "policy"}
-    if messages and messages[0].get("role") == "system" and isinstance(messages[0]["content"], str):
-        body["instructions"] = messages.pop(0)["content"]
-    body["input"] = [item for n, m in enumerate(messages) for item in _message_items(m, n)]
-    if chat.get("tools"):
-        body["tools"] = [{"type": "function", **t["function"]} for t in chat["tools"]]
-    choice = chat.get("tool_choice")
-    if isinstance(choice, dict):
-        body["tool_choice"] = {"type": "function", "name": choice["function"]["name"]}
-    elif choice is not None:
-        body["tool_choice"] = choice
-    if chat.get("max_tokens") is not None:
-        body["max_output_tokens"] = chat["max_tokens"]
-    for key in _SAME_KEYS:
-        if chat.get(key) is not None:
-            body[key] = chat[key]
-    fmt = chat.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        body["text"] = {"format": {"type": "json_schema", **fmt["json_schema"]}}
-    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
-        body["text"] = {"format": {"type": "json_object"}}
-    if chat.get("reasoning_effort") is not None:
-        body["reasoning"] = {"effort": chat["reasoning_effort"]}
-    return body
 
 
 def history_after(chat: Mapping[str, Any], reply: Mapping[str, Any]) -> list[dict[str, Any]]:
