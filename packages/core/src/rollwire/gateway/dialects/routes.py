@@ -70,7 +70,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
         if "depth limit" in str(exc):
             raise DialectError(calls.TOO_DEEP) from exc
         raise DialectError(f"request body is not valid JSON: {exc}") from exc
-    if calls.json_too_deep(body, raw):
+    if calls.json_too_deep(body):
         raise DialectError(calls.TOO_DEEP)
     if not isinstance(body, dict):
         raise DialectError("request body must be a JSON object")
