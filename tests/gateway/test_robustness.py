@@ -403,6 +403,15 @@ def test_forcing_tool_choice_is_off_policy(client: GatewayClient) -> None:
 
 
 # ---------------------------------------------------------------- session cache (16) and TTL
+def _call_over(gw: Any, session_id: str, timeout: float = 60.0) -> None:
+    """Wait until the gateway has counted the session's call over: that happens just after the
+    answer went out, so the agent can hold the answer before it (seen at load 8)."""
+    t0 = time.monotonic()
+    while (st := gw.sessions.get(session_id)) is not None and st.in_flight:
+        assert time.monotonic() - t0 < timeout, "the call was not over"
+        time.sleep(0.005)
+
+
 def test_session_cache_keeps_no_terminal_or_expired_sessions(
     gateway: RunningGateway, client: GatewayClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -411,6 +420,7 @@ def test_session_cache_keeps_no_terminal_or_expired_sessions(
     url = h.base_url + "/chat/completions"
     assert _post(url).status_code == 200
     assert h.session_id in gw.sessions
+    _call_over(gw, h.session_id)
     client.complete(h.session_id, reward=0.0)
     assert h.session_id not in gw.sessions
     assert _post(url).status_code == 409
@@ -421,6 +431,7 @@ def test_session_cache_keeps_no_terminal_or_expired_sessions(
     handles = [client.create_session() for _ in range(5)]
     for hh in handles:
         assert _post(hh.base_url + "/chat/completions").status_code == 200
+        _call_over(gw, hh.session_id)  # a call in flight keeps its session from eviction
     assert len(gw.sessions) <= 3
     assert handles[-1].session_id in gw.sessions  # least recently used go first
     gw.sessions[handles[-1].session_id].record.expires_at = time.time() - 1
