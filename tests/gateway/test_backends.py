@@ -18,6 +18,7 @@ import pytest
 from rollwire.agent.serving import ServerThread
 from rollwire.gateway import serve_in_thread
 from rollwire.testing.null_backend import NullBackend, render_ids
+from rollwire.testing.waiting import until
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -290,13 +291,6 @@ class _RenamedBackend(NullBackend):
         await super().__call__(scope, receive, send)  # type: ignore[arg-type]
 
 
-def _wait_for(cond: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 def test_served_model_name_is_rediscovered_unless_pinned() -> None:
     """A backend restarted under a new served name is followed at the next health check; a
     name pinned with ``add_backend(model=...)`` is never replaced."""
@@ -307,7 +301,7 @@ def test_served_model_name_is_rediscovered_unless_pinned() -> None:
         serve_in_thread(backends=[(server.url, "vllm")], health_interval=0.1) as gw,
         gw.client() as c,
     ):
-        _wait_for(lambda: c.backends()[0]["model"] == "served-a")
+        until("served-a is followed", lambda: c.backends()[0]["model"] == "served-a", 60)
         h = c.create_session()
         body = {"model": "policy", "messages": MSGS}
         assert (
@@ -315,7 +309,7 @@ def test_served_model_name_is_rediscovered_unless_pinned() -> None:
         )
         assert nb.requests[-1][0]["model"] == "served-a"
         nb.served = "served-b"
-        _wait_for(lambda: c.backends()[0]["model"] == "served-b")
+        until("served-b is followed", lambda: c.backends()[0]["model"] == "served-b", 60)
         assert (
             httpx.post(h.base_url + "/chat/completions", json=body, timeout=30).status_code == 200
         )

@@ -18,6 +18,7 @@ import rollwire.gateway.live_sessions as live_sessions
 from rollwire.agent.serving import ServerThread
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire.testing.null_backend import NullBackend
+from rollwire.testing.waiting import until
 from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -403,13 +404,15 @@ def test_forcing_tool_choice_is_off_policy(client: GatewayClient) -> None:
 
 
 # ---------------------------------------------------------------- session cache (16) and TTL
-def _call_over(gw: Any, session_id: str, timeout: float = 60.0) -> None:
+def _call_over(gw: Any, session_id: str) -> None:
     """Wait until the gateway has counted the session's call over: that happens just after the
     answer went out, so the agent can hold the answer before it (seen at load 8)."""
-    t0 = time.monotonic()
-    while (st := gw.sessions.get(session_id)) is not None and st.in_flight:
-        assert time.monotonic() - t0 < timeout, "the call was not over"
-        time.sleep(0.005)
+
+    def over() -> bool:
+        st = gw.sessions.get(session_id)
+        return st is None or st.in_flight == 0
+
+    until("the call is over", over, 60)
 
 
 def test_session_cache_keeps_no_terminal_or_expired_sessions(

@@ -12,7 +12,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from rollwire.engine.hf_export import save_hf
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire.testing.redis_server import RedisServer
 from rollwire.testing.store import redis_server
+from rollwire.testing.waiting import until
 from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient
 from rollwire.trainer.references import engine_reference
 from rollwire.trainer.weight_sync import WeightSync, WeightSyncError
@@ -93,16 +94,6 @@ class Lines:
             self.seen.append(line)
             if text in line:
                 return line
-
-
-def _until(what: str, check: Callable[[], bool], timeout: float) -> float:
-    """Wait until ``check()`` (a state only readable by asking); the seconds it took."""
-    t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +188,7 @@ def test_a_trainer_killed_after_the_pause_leaves_the_old_weights_serving(
         assert c.pause_status()["paused"] is True  # the dead trainer's pause still stands
         held = HeldCall(c)
         # its lease lapses (renewed every LEASE / 4 until the kill): every gateway resumes
-        waited = _until("the gateway resumes", lambda: not c.pause_status()["paused"], LEASE + 10)
+        waited = until("the gateway resumes", lambda: not c.pause_status()["paused"], LEASE + 10)
         assert waited <= LEASE + 10
         lps, version = held.recorded()
         # nothing was pushed: the old weights, under the old label, nothing out of rotation
@@ -217,7 +208,7 @@ def test_a_trainer_killed_after_the_push_leaves_that_server_out_until_a_sync_ver
     with gateway.client() as c:
         _, before, _ = _call(c)
         epoch = _trainer(gateway, folders["b"], "verify", LEASE)
-        _until("the gateway resumes", lambda: not c.pause_status()["paused"], LEASE + 10)
+        until("the gateway resumes", lambda: not c.pause_status()["paused"], LEASE + 10)
         # the server holds weights nobody verified: out of rotation, saying which sync and what
         (backend,) = c.backends()
         reason = backend["quarantined"]
@@ -367,7 +358,7 @@ def _both_joined(client: GatewayClient) -> None:
         client.sync_end(version=None)
         return n >= 2
 
-    _until("both gateways joined the store", joined, 60)
+    until("both gateways joined the store", joined, 60)
 
 
 def _killing(target: GatewayProcess, reference: Any) -> Any:
@@ -459,7 +450,7 @@ def test_a_gateway_killed_mid_sync_then_its_restart_and_the_survivor_resume_as_t
             # and the restarted one resume
             _lapse_lease(a.store)
             for client in (cb, ca):
-                _until("resumed", lambda c=client: not c.pause_status()["paused"], 30)
+                until("resumed", lambda c=client: not c.pause_status()["paused"], 30)
                 assert client.get_policy_version() == "v0"
                 (backend,) = client.backends()
                 assert str(backend["quarantined"]).startswith(f"unverified: weight sync {epoch}")
@@ -472,7 +463,7 @@ def test_a_gateway_killed_mid_sync_then_its_restart_and_the_survivor_resume_as_t
             )
             assert report.backends[0].verified and len(report.gateways) == 2
             assert report.took_over is None
-            _until("the survivor sees v1", lambda: cb.get_policy_version() == "v1", 10)
-            _until("back in rotation", lambda: cb.backends()[0]["quarantined"] is None, 10)
+            until("the survivor sees v1", lambda: cb.get_policy_version() == "v1", 10)
+            until("back in rotation", lambda: cb.backends()[0]["quarantined"] is None, 10)
             r, _, version = _call(cb)
             assert r.status_code == 200 and version == "v1"
