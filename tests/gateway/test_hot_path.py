@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 from typing import Any
 
 import numpy as np
 import pytest
 
+from rollwire.agent.serving import ServerThread
 from rollwire.data.protocol import ModelCall
+from rollwire.gateway import asgi
 from rollwire.gateway.dataplane import capture, commit, hangups
 
 
@@ -168,3 +172,74 @@ def test_freed_heap_goes_back_to_the_os() -> None:
     trim(0)
     assert rss_mb() < before - 40, (before, rss_mb())
     assert len(keep) == 2_000
+
+
+async def _one_write_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``RawResponse`` as the data plane sends it; under ``/plain/`` through a ``send`` that is
+    not uvicorn's own (so uvicorn writes it, as it writes every other response)."""
+    if scope["type"] == "lifespan":
+        await asgi.lifespan(receive, send, _nothing, _nothing)
+        return
+    await asgi.read_body(scope, receive, 1 << 30)
+    size = int(scope["path"].rsplit("/", 1)[1])
+    response = asgi.RawResponse(b"x" * size, status=201 if size % 2 else 200)
+    if scope["path"].startswith("/plain/"):
+
+        async def plain_send(message: dict[str, Any]) -> None:
+            await send(message)
+
+        await response(scope, receive, plain_send)
+    else:
+        await response(scope, receive, send)
+
+
+async def _nothing() -> None:
+    pass
+
+
+def _exchange(url: str, raw: bytes) -> bytes:
+    """Send ``raw`` on one connection and read until the server closes it."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(raw)
+        got = []
+        while chunk := sock.recv(1 << 20):
+            got.append(chunk)
+    return b"".join(got)
+
+
+def _request(path: str, method: str = "GET", close: bool = False) -> bytes:
+    conn = b"connection: close\r\n" if close else b""
+    return f"{method} {path} HTTP/1.1\r\nhost: t\r\n".encode() + conn + b"\r\n"
+
+
+def _dateless(raw: bytes) -> bytes:
+    return re.sub(rb"date: [^\r]*\r\n", b"", raw)
+
+
+def test_one_write_response_is_the_bytes_uvicorn_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pipelined keep-alive requests, a connection closed by the agent, HEAD, a body past the
+    join limit: each answered byte for byte as uvicorn's own send answers it (the date aside),
+    and the one-write path taken wherever it applies."""
+    whole: list[bool] = []
+    write_whole = asgi.RawResponse._write_whole
+
+    def counted(self: asgi.RawResponse, cycle: Any) -> bool:
+        whole.append(write_whole(self, cycle))
+        return whole[-1]
+
+    monkeypatch.setattr(asgi.RawResponse, "_write_whole", counted)
+    sizes = [0, 7, 8400, asgi._JOIN_LIMIT + 1]
+    with ServerThread(_one_write_app) as server:
+        for prefix in ("/plain/", "/"):
+            asked = b"".join(_request(f"{prefix}{n}") for n in sizes)
+            asked += _request(f"{prefix}5", "HEAD") + _request(f"{prefix}3", close=True)
+            got = _exchange(server.url, asked)
+            if prefix == "/plain/":
+                plain = got
+                assert whole == []
+        assert whole == [True] * len(sizes) + [False, True]  # HEAD goes through uvicorn's send
+    assert _dateless(got) == _dateless(plain)
+    assert got.count(b"HTTP/1.1 200 OK\r\n") == 2 and got.count(b"HTTP/1.1 201 Created\r\n") == 4
+    assert got.endswith(b"connection: close\r\n\r\nxxx")  # and the server closed the connection
+    assert b"x" * (asgi._JOIN_LIMIT + 1) in got

@@ -1,12 +1,20 @@
 """Bare ASGI pieces of the data plane: a two-message response, header lookup, body reading.
 
 The data plane is dispatched by hand, without a router or header objects on the hot path.
+
+Under uvicorn's httptools protocol (how the gateway CLI serves) a complete response is written
+to the connection in one piece: uvicorn's ``send`` writes the head and the body separately, two
+socket writes (two trips through the loopback TCP stack) and two ASGI messages per call. The
+bytes are the ones uvicorn writes, and its request cycle ends in the same state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE as _STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _HttpToolsCycle
 
 from rollwire.gateway.errors import GatewayError
 
@@ -30,7 +38,8 @@ ASGIResponse = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
 class RawResponse:
-    """A complete response body sent as two ASGI messages (no header objects on the hot path)."""
+    """A complete response body: two ASGI messages, or one write under uvicorn's httptools
+    protocol (no header objects on the hot path)."""
 
     __slots__ = ("body", "content_type", "status")
 
@@ -40,6 +49,9 @@ class RawResponse:
         self.content_type = content_type
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        cycle = getattr(send, "__self__", None)
+        if type(cycle) is _HttpToolsCycle and self._write_whole(cycle):
+            return
         await send(
             {
                 "type": "http.response.start",
@@ -51,6 +63,45 @@ class RawResponse:
             }
         )
         await send({"type": "http.response.body", "body": self.body})
+
+    def _write_whole(self, cycle: Any) -> bool:
+        """Write head and body in one piece and end uvicorn's request cycle as its ``send``
+        would; False (nothing done) where ``send`` must run: a response begun already, a
+        HEAD request, a gone or paused connection."""
+        if (
+            cycle.response_started
+            or cycle.disconnected
+            or cycle.flow.write_paused
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        body = self.body
+        parts = [_STATUS_LINE[self.status]]
+        for name, value in cycle.default_headers:  # server, date: as uvicorn sends them
+            parts += (name, b": ", value, b"\r\n")
+        parts += (b"content-type: ", self.content_type, b"\r\ncontent-length: ")
+        parts += (str(len(body)).encode(), b"\r\n")
+        if not cycle.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        if len(body) <= _JOIN_LIMIT:
+            parts.append(body)
+            cycle.transport.write(b"".join(parts))
+        else:  # copying a large body costs more than the second write saves
+            cycle.transport.write(b"".join(parts))
+            cycle.transport.write(body)
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
+        return True
+
+
+#: Bodies up to this size are joined to their head for the one write.
+_JOIN_LIMIT = 256 * 1024
 
 
 def bearer(value: str | None) -> str | None:
