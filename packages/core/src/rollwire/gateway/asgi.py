@@ -89,7 +89,7 @@ class RawResponse:
         if len(body) <= _JOIN_LIMIT:
             parts.append(body)
             cycle.transport.write(b"".join(parts))
-        else:  # copying a large body costs more than the second write saves
+        else:  # not copied to join it: the copy grows with the body, the write saved does not
             cycle.transport.write(b"".join(parts))
             cycle.transport.write(body)
         cycle.response_complete = True
