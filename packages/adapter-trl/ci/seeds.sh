@@ -12,7 +12,7 @@ SEEDS=("$@")
 [[ ${#SEEDS[@]} -eq 0 ]] && SEEDS=(0 1 2 3)
 for seed in "${SEEDS[@]}"; do
   echo "[seeds] seed $seed -> $OUT/seed-$seed"
-  "$VENV/bin/rollwire" train --out "$OUT/seed-$seed" --seed "$seed" --steps "${ROLLWIRE_SEEDS_STEPS:-20}" --eval-size 32 \
+  "$VENV/bin/rollwire" train --out "$OUT/seed-$seed" --seed "$seed" --steps "${ROLLWIRE_SEEDS_STEPS:-40}" --eval-size 32 \
     --eval-k 4 --eval-every 0 --threads 1 --no-progress >"$OUT/seed-$seed.log" 2>&1
 done
 "$VENV/bin/python" - "$OUT" "${SEEDS[@]}" <<'PY'

@@ -54,7 +54,7 @@ class TinkerTrainSpec:
     eval_tasks: list[dict[str, Any]] | None = None
     #: a local model folder for SkyRL's server started here (without ``base_url``)
     model: Path | None = None
-    steps: int = 20
+    steps: int = 40
     tasks_per_step: int = 4
     group_size: int = 8
     learning_rate: float = 1e-3

@@ -49,7 +49,7 @@ class TrainSpec:
     eval_tasks: list[dict[str, Any]] | None = None
     model: Path | None = None
     backend: str | None = None
-    steps: int = 20
+    steps: int = 40
     tasks_per_step: int = 4
     group_size: int = 8
     learning_rate: float = 1e-3

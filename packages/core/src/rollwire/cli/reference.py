@@ -158,7 +158,7 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
     (
         "ROLLWIRE_SEEDS_STEPS",
         "packages/adapter-trl/ci/seeds.sh",
-        "Steps of each seed's run (default 20, as the learning test).",
+        "Steps of each seed's run (default 40, as the learning test).",
     ),
     (
         "ROLLWIRE_TINKER_VENV",

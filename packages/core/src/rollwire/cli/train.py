@@ -172,7 +172,7 @@ def train(
         metavar="URL",
         help="A vLLM server (VLLM_SERVER_DEV_MODE=1) serving --model, instead of the embedded engine.",
     ),
-    steps: int = typer.Option(20, "--steps", min=1, metavar="N", help="Optimizer steps."),
+    steps: int = typer.Option(40, "--steps", min=1, metavar="N", help="Optimizer steps."),
     tasks_per_step: int = typer.Option(
         4, "--tasks-per-step", min=1, metavar="N", help="Task groups rolled out per step."
     ),
