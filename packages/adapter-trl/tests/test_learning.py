@@ -6,7 +6,7 @@ The margin. Runs of one seed differ (the server's batching order depends on timi
 spread was measured over runs with ``ci/seeds.sh`` in this configuration. At 20 steps (the old
 default) 2 of 10 runs lifted less than +0.25 (+0.16, and CI's run of seed 0: 0.406 -> 0.633,
 +0.23): the policy had solved the training boxes but generalised to the held-out ones slowly.
-At 40 steps, 11 runs of seeds 0-9: baseline 0.20-0.42, lift +0.38 to +0.74, median +0.65. One
+At 40 steps, 19 runs of seeds 0-17: baseline 0.20-0.42, lift +0.38 to +0.74, median +0.65. One
 evaluation of 128 attempts has a binomial standard deviation of at most 0.044, so a difference of
 two has at most 0.063. The test asks for +0.25 — four standard deviations of evaluation noise
 above a policy that learned nothing (its lift is 0 +- 0.063), and well under every 40-step lift
