@@ -4,8 +4,8 @@ timing test.
 
 The margin. Runs of one seed differ (the server's batching order depends on timing), so the
 spread was measured over runs with ``ci/seeds.sh`` in this configuration. At 20 steps (the old
-default) 2 of 10 runs lifted less than +0.25 (+0.16, and CI's run of seed 0: 0.406 -> 0.633,
-+0.23): the policy had solved the training boxes but generalised to the held-out ones slowly.
+default) 2 of 10 runs lifted less than +0.25 (seed 7: +0.16, and CI's run of seed 0: 0.406 -> 0.633,
++0.23); seed 7 had nearly solved the training boxes while its held-out pass@1 still climbed.
 At 40 steps, 19 runs of seeds 0-17: baseline 0.20-0.42, lift +0.38 to +0.74, median +0.65. One
 evaluation of 128 attempts has a binomial standard deviation of at most 0.044, so a difference of
 two has at most 0.063. The test asks for +0.25 — four standard deviations of evaluation noise
