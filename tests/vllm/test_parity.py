@@ -266,17 +266,19 @@ def machine() -> str:
     import torch
     import vllm
 
-    model, flags = platform.processor() or "?", set()
+    model, flags = "", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and model in ("?", "x86_64"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
                     break
     except OSError:
         pass
+    model = model or platform.processor() or "?"
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "avx512_fp16") if f in flags]
     return (
         f"{model}; {os.cpu_count()} cores; {' '.join(isa) or 'no AVX2'}; torch {torch.__version__} "
