@@ -11,7 +11,15 @@ from pathlib import Path
 
 from rollwire.agent.serving import free_port
 
-__all__ = ["Proc", "cpu_seconds", "free_port", "peak_rss_mb", "rss_mb", "wait_http"]
+__all__ = [
+    "Proc",
+    "cpu_seconds",
+    "free_port",
+    "peak_rss_mb",
+    "rss_mb",
+    "thread_seconds",
+    "wait_http",
+]
 
 
 def wait_http(url: str, timeout: float = 60.0) -> None:
@@ -27,18 +35,23 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{url} did not come up within {timeout}s")
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process: the scheduler's run time of each of its live threads, in
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of each live thread of a process, by thread id: the scheduler's run time in
     nanoseconds (``/proc/<pid>/task/*/schedstat``), not ``/proc/<pid>/stat``'s clock ticks,
-    which move in steps of 10 ms (20 us a call over a 500-call round). The servers measured
-    keep their threads; one that exits between two readings drops its time from the second."""
-    ns = 0
+    which move in steps of 10 ms (20 us a call over a 500-call round)."""
+    out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            ns += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            out[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
         except (OSError, ValueError, IndexError):
             continue  # the thread exited meanwhile
-    return ns / 1e9
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process: :func:`thread_seconds` summed. The servers measured keep their
+    threads; one that exits between two readings drops its time from the second."""
+    return sum(thread_seconds(pid).values())
 
 
 def _status_mb(pid: int, key: str) -> float:

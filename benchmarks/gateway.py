@@ -14,8 +14,10 @@ rollwire gateway on the Redis store (``rollwire-redis``, a throwaway redis-serve
 rllm-model-gateway 0.1.0 (installed into a temporary venv; skipped with a reason if that fails).
 The load generator (aiohttp) runs in its own process too, alternating targets round by round.
 Reported: requests/s, p50/p99 latency and the latency added over the direct path, server CPU per
-call served (each thread's run time, /proc/<pid>/task/*/schedstat), calls captured vs sent,
-gateway RSS, and the storage cost of one 40-turn session whose context grows ~200 tokens a turn.
+call served (each thread's run time, /proc/<pid>/task/*/schedstat), how busy the server's
+busiest thread was over a round (``thread %``, median over rounds: near 100 the server is bound
+by that one thread, its event loop), calls captured vs sent, gateway RSS, and the storage cost of
+one 40-turn session whose context grows ~200 tokens a turn.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from _procs import Proc, cpu_seconds, free_port, rss_mb
+from _procs import Proc, cpu_seconds, free_port, rss_mb, thread_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,6 +121,7 @@ async def _load(
                         errors += 1
                 lat.append(time.perf_counter() - t)
 
+        started = time.perf_counter()
         # warm-up: one request per connection
         await asyncio.gather(
             *(
@@ -129,7 +132,8 @@ async def _load(
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - t0
-    return {"lat": lat, "wall": wall, "errors": errors, "sent": n + concurrency}
+        busy = time.perf_counter() - started  # with the warm-up: what the server's CPU spans
+    return {"lat": lat, "wall": wall, "busy": busy, "errors": errors, "sent": n + concurrency}
 
 
 def loadgen_main(spec_path: str) -> None:
@@ -300,6 +304,7 @@ def compare(
                 "errors": 0,
                 "cpus": [],
                 "rpss": [],
+                "busiest": [],
             }
             for t in targets
         }
@@ -309,12 +314,16 @@ def compare(
             # Forward, then backward: no target always runs right after the same other one.
             for t in list(targets) if i % 2 == 0 else list(targets)[::-1]:
                 pid = targets[t]["pid"]
-                cpu0 = cpu_seconds(pid)
+                threads0 = thread_seconds(pid)
                 res = run_load(
                     level_urls[t][0], level_urls[t][1], targets[t].get("body", body), per_round, c
                 )
                 st = stats[t]
-                cpu = cpu_seconds(pid) - cpu0
+                threads = {k: v - threads0.get(k, 0.0) for k, v in thread_seconds(pid).items()}
+                cpu = sum(threads.values())
+                # The busiest thread's run time over the round's time (warm-up included, as in
+                # the CPU): near 100 % when one thread (an event loop) bounds the throughput.
+                st["busiest"].append(100.0 * max(threads.values(), default=0.0) / res["busy"])
                 st["cpu"] += cpu
                 # Per call served: the round's CPU includes its warm-up call on each connection.
                 st["cpus"].append(cpu / max(1, res["sent"]) * 1e6)
@@ -341,6 +350,7 @@ def compare(
                     "cpu_med_us": statistics.median(st["cpus"]),
                     "cpu_rounds": st["cpus"],
                     "rps_med": statistics.median(st["rpss"]),
+                    "busiest_pct": statistics.median(st["busiest"]),
                     "rss_mb": rss_mb(targets[t]["pid"]),
                     "load1": os.getloadavg()[0],
                     "errors": st["errors"],
@@ -352,14 +362,15 @@ def compare(
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'target':<20}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'+p50 ms':>9}{'+p99 ms':>9}{'CPU us/call':>13}{'CPU med':>9}{'RSS MB':>8}{'errors':>8}"
-        f"{'load':>6}"
+        f"{'+p50 ms':>9}{'+p99 ms':>9}{'CPU us/call':>13}{'CPU med':>9}{'thread %':>9}"
+        f"{'RSS MB':>8}{'errors':>8}{'load':>6}"
     )
     for r in rows:
         print(
             f"{r['target']:<20}{r['c']:>5}{r['rps']:>9.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
             f"{r['added_p50_ms']:>9.3f}{r['added_p99_ms']:>9.3f}{r['cpu_us']:>13.0f}"
-            f"{r['cpu_med_us']:>9.0f}{r['rss_mb']:>8.0f}{r['errors']:>8}{r['load1']:>6.1f}"
+            f"{r['cpu_med_us']:>9.0f}{r['busiest_pct']:>9.0f}{r['rss_mb']:>8.0f}{r['errors']:>8}"
+            f"{r['load1']:>6.1f}"
         )
 
 
@@ -764,7 +775,8 @@ def targets_block(
         add(
             "throughput at 64 >= 20x rllm-model-gateway (medians over rounds)",
             ratio >= 20,
-            f"{r64['rps_med']:.0f} vs {l64['rps_med']:.0f} req/s = {ratio:.1f}x",
+            f"{r64['rps_med']:.0f} vs {l64['rps_med']:.0f} req/s = {ratio:.1f}x; busiest "
+            f"thread {r64['busiest_pct']:.0f} % vs {l64['busiest_pct']:.0f} % busy",
         )
     else:
         add("throughput at 64 >= 20x rllm-model-gateway", None, "needs the main run with rllm")
