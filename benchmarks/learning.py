@@ -106,7 +106,6 @@ def verify_served(url: str, base: Path, final: Path) -> dict[str, Any]:
     from rollwire.gateway import serve_in_thread
     from rollwire.trainer.references import transformers_reference
     from rollwire.trainer.weight_sync import WeightSync
-    from rollwire_trl.trainer_setup import probe_mismatch
 
     probe = chat_probe_ids(base)
     with serve_in_thread(backends=[(url, "vllm")]) as gw, gw.client() as c:
@@ -122,6 +121,22 @@ def verify_served(url: str, base: Path, final: Path) -> dict[str, Any]:
         "serves_starting_weights": against_base <= 1e-3,
         "weights_max_abs_change": weight_change(base, final),
     }
+
+
+def probe_mismatch(weight_sync: Any) -> float:
+    """The largest |server - reference| log-prob over the sync's greedy probe on every server in
+    rotation, pushing nothing (how far what the servers serve is from ``weight_sync``'s
+    reference)."""
+    worst = 0.0
+    for b in weight_sync.backends():
+        answer = weight_sync.gateway.probe_backend(
+            b["name"], prompt_ids=weight_sync.probe_ids, max_tokens=weight_sync.probe_tokens
+        )
+        ids = [int(t) for t in answer["completion_ids"]]
+        expected = weight_sync.reference(weight_sync.probe_ids, ids)
+        diffs = [abs(float(a) - float(e)) for a, e in zip(answer["logprobs"], expected)]
+        worst = max([worst, *diffs])
+    return worst
 
 
 def weight_change(base: Path, final: Path) -> float:
@@ -143,7 +158,7 @@ def mismatch_rows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     step's sync."""
     rows = []
     for s in steps:
-        t, y = s["trl"], s.get("sync", {})
+        t, y = s.get("trainer", s.get("trl", {})), s.get("sync", {})
         rows.append(
             {
                 "step": s["step"],
@@ -153,9 +168,10 @@ def mismatch_rows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "batch_kl": t.get("kl_behaviour"),
                 "is_ratio_min": t.get("is_ratio_min"),
                 "is_ratio_max": t.get("is_ratio_max"),
-                "probe_before_sync": y.get("sync/probe_before_max_abs_diff"),
                 "probe_after_sync": y.get("sync/probe_max_abs_diff"),
                 "verified": y.get("sync/servers_verified"),
+                "sampled_tokens": s.get("sampled_tokens"),
+                "trained_tokens": s.get("trained_tokens"),
             }
         )
     return rows
@@ -205,7 +221,6 @@ def plot(run: dict[str, Any], path: Path) -> Path:
     for key, label in (
         ("batch_mean_abs", "batch mean |Δ| (same version)"),
         ("batch_max_abs", "batch max |Δ| (same version)"),
-        ("probe_before_sync", "probe max |Δ| before sync"),
         ("probe_after_sync", "probe max |Δ| after sync"),
     ):
         ys = [r[key] if r[key] else float("nan") for r in rows]
@@ -245,7 +260,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"weight change {_fmt(v['weights_max_abs_change'])}",
         "",
         "| step | sampled at | batch mean \\|Δ\\| | batch max \\|Δ\\| | KL | IS ratio | "
-        "probe before sync | probe after sync |",
+        "probe after sync | tokens trained/sampled |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["mismatch"]:
@@ -253,7 +268,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['step']} | {r['sampled_at']} | {_fmt(r['batch_mean_abs'])} | "
             f"{_fmt(r['batch_max_abs'])} | {_fmt(r['batch_kl'])} | "
             f"{_fmt(r['is_ratio_min'], '.3f')}..{_fmt(r['is_ratio_max'], '.3f')} | "
-            f"{_fmt(r['probe_before_sync'])} | {_fmt(r['probe_after_sync'])} |"
+            f"{_fmt(r['probe_after_sync'])} | {r['trained_tokens']}/{r['sampled_tokens']} |"
         )
     return "\n".join(lines)
 

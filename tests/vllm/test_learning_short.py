@@ -18,7 +18,7 @@ import pytest
 
 from rollwire.gateway import serve_in_thread
 from rollwire.trainer.references import transformers_reference
-from rollwire.trainer.weight_sync import WeightSync
+from rollwire.trainer.weight_sync import WeightSync, WeightSyncError
 
 from ._server import VLLMServer
 
@@ -49,17 +49,17 @@ def test_two_lora_steps_change_the_served_weights_verified_and_stamped(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from safetensors.torch import load_file
 
-    from rollwire_trl.loop import TrainSpec, train
-    from rollwire_trl.trainer_setup import probe_mismatch
+    from rollwire.trainer.loop import RunSpec, run
+    from rollwire_trl.policy_trainer import TrlTrainer
 
     # max_tokens 12 as in the benchmark: about half the rollouts solve the task, so the chance
     # that no group of the two steps has an advantage (and no weight moves) is ~3e-4
-    spec = TrainSpec(
+    spec = RunSpec(
         out=tmp_path / "run", task="calculator", model=smollm2, backend=server.url,
         steps=2, tasks_per_step=2, group_size=4, lora_rank=8, learning_rate=2e-3,
         max_tokens=12, eval_every=0, eval_size=2, eval_k=1, save_every=10, progress=False,
     )  # fmt: skip
-    result = train(spec)
+    result = run(spec, TrlTrainer(spec))
 
     assert [r.step for r in result.steps] == [1, 2]
     # step k samples with the weights the sync after step k-1 stamped ("0": the starting push)
@@ -69,7 +69,8 @@ def test_two_lora_steps_change_the_served_weights_verified_and_stamped(
         assert r.sync["sync/servers_verified"] == 1 and r.sync["sync/servers_failed"] == 0
         assert r.sync["sync/probe_max_abs_diff"] < TOLERANCE
         # the batch scored by the trainer at the version that sampled it: numerically the same
-        assert r.trl["logp_diff_mean"] < 1e-2
+        assert r.trainer["logp_diff_mean"] < 1e-2
+        assert r.sampled_tokens == r.trained_tokens > 0
     assert any(r.reward_std > 0 for r in result.steps)  # some group had an advantage to learn
 
     start, trained = (load_file(str(p / "model.safetensors")) for p in (smollm2, result.final_dir))
@@ -80,6 +81,7 @@ def test_two_lora_steps_change_the_served_weights_verified_and_stamped(
             c, reference=transformers_reference(result.final_dir), tolerance=TOLERANCE
         ).check()  # raises unless vLLM serves the trained folder
         starting = WeightSync(c, reference=transformers_reference(smollm2), tolerance=TOLERANCE)
-        assert probe_mismatch(starting) > TOLERANCE  # ... and no longer the starting one
+        with pytest.raises(WeightSyncError):  # ... and no longer the starting one
+            starting.check()
     (entry,) = check.backends
     assert entry.verified and entry.max_abs_diff is not None and entry.max_abs_diff < TOLERANCE

@@ -23,11 +23,12 @@ def _steps(out: Path) -> list[dict[str, Any]]:
 def async_run(trl: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     import torch
 
-    from rollwire_trl.loop import TrainSpec, train
+    from rollwire.trainer.loop import RunSpec, run
+    from rollwire_trl.policy_trainer import TrlTrainer
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("async") / "run"
-    spec = TrainSpec(
+    spec = RunSpec(
         out=out,
         steps=STEPS,
         tasks_per_step=2,
@@ -42,7 +43,7 @@ def async_run(trl: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tupl
         max_staleness=1,
         log=lambda _line: None,
     )
-    return out, train(spec)
+    return out, run(spec, TrlTrainer(spec))
 
 
 def test_rollouts_ran_ahead_within_the_staleness_bound(async_run: tuple[Path, Any]) -> None:
@@ -72,7 +73,10 @@ def test_importance_sampling_corrects_the_stale_batches(async_run: tuple[Path, A
     # a batch from the weights before the last update: the trainer's log-probs differ from
     # the captured ones, so some ratio leaves 1 (step 1 is on-policy: no update yet)
     moved = [
-        s for s in stale if s["trl"]["is_ratio_max"] > 1.001 or s["trl"]["is_ratio_min"] < 0.999
+        s
+        for s in stale
+        if s["trainer"]["is_ratio_max"] > 1.001 or s["trainer"]["is_ratio_min"] < 0.999
     ]
-    assert moved, [s["trl"] for s in stale]
-    assert all(s["trl"]["is_ratio_max"] <= 3.0 + 1e-6 for s in steps)  # token_truncate at 3
+    assert moved, [s["trainer"] for s in stale]
+    # the weights TRL's loss applied are truncated at 3 (token_truncate)
+    assert all(s["trainer"]["is_weight_max"] <= 3.0 + 1e-6 for s in steps)

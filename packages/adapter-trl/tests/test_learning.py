@@ -79,10 +79,16 @@ def test_every_step_trained_on_the_previous_steps_weights(run: tuple[Path, str])
         assert s["rollouts"] == 32 and s["failed"] == 0
         assert s["rollout_s"] > 0 and s["train_s"] > 0 and s["sync_s"] > 0
         assert s["sampled_tokens"] > 0 and s["tokens_per_s"] > 0
-        for key in ("loss", "kl_behaviour", "is_ratio_min", "is_ratio_max", "clip_ratio"):
-            assert key in s["trl"], (key, s["trl"])
+        for key in ("loss", "grad_norm", "kl_behaviour", "is_ratio_min", "is_ratio_max"):
+            assert key in s["trainer"], (key, s["trainer"])
         # the engine served exactly the weights the trainer held: ratios of 1
-        assert 0.99 < s["trl"]["is_ratio_min"] <= s["trl"]["is_ratio_max"] < 1.01
+        assert 0.99 < s["trainer"]["is_ratio_min"] <= s["trainer"]["is_ratio_max"] < 1.01
+        # every token the policy sampled was trained on, and the step's rollouts are kept
+        assert s["sampled_tokens"] == s["trained_tokens"] > 0, s
+        assert s["prefill_tokens"] > s["sampled_tokens"] and s["truncated_calls"] >= 0
+        assert (out / "rollouts" / f"step-{s['step']}.jsonl").is_file()
+        # every sync verified the one server
+        assert s["sync"]["sync/servers_verified"] == 1 and s["sync"]["sync/servers_failed"] == 0
     assert f"step {STEPS:>3}/{STEPS}" in stdout
 
 
@@ -104,7 +110,7 @@ def test_the_trained_policy_is_a_folder_the_engine_and_transformers_load(
     np.testing.assert_allclose(
         hf.lm_head.weight.detach().numpy().T, engine_model.w.lm_head, rtol=0, atol=0
     )
-    assert (out / "checkpoints" / f"checkpoint-{STEPS}").is_dir()
+    assert (out / "checkpoints" / f"step-{STEPS}" / "optimizer.pt").is_file()
 
 
 def test_resume_continues_from_the_newest_checkpoint(run: tuple[Path, str]) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 
 def test_a_lora_model_is_saved_merged_and_matches_the_trainer(
     trl: ModuleType, tmp_path: Path
@@ -16,8 +18,8 @@ def test_a_lora_model_is_saved_merged_and_matches_the_trainer(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+    from rollwire_trl.policy_trainer import lora_config
     from rollwire_trl.sync import save_policy
-    from rollwire_trl.trainer_setup import lora_config
 
     cfg = LlamaConfig(
         vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -56,7 +58,45 @@ def test_a_lora_model_is_saved_merged_and_matches_the_trainer(
         assert torch.allclose(model(ids).logits, expected, atol=1e-6)
 
 
+# peft 0.21 warns that its own pattern for the nested experts wrapper matched nothing
+@pytest.mark.filterwarnings("ignore:The following (rank|alpha)_pattern keys:RuntimeWarning")
+def test_a_lora_mixtral_export_serves_what_the_trainer_computes(
+    trl: ModuleType, base_model: Path, tmp_path: Path
+) -> None:
+    """Issue 37: on transformers >= 5 the Mixtral experts are fused parameters, which peft's
+    ``all-linear`` adapts through ``ParamWrapper``s; the export dropped those deltas, so the
+    engine served a policy up to 0.018 off the trainer's and the weight-sync probe failed."""
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollwire.trainer.references import engine_reference, transformers_reference
+    from rollwire_trl.sync import save_policy
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    config = peft.LoraConfig(  # what `rollwire train --lora-rank 8` trains
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    model = peft.get_peft_model(base, config)
+    adapted = {n for n, m in model.named_modules() if hasattr(m, "parameter_name")}
+    assert any(n.endswith("mlp.experts") for n in adapted)  # the fused experts carry LoRA
+    with torch.no_grad():  # LoRA starts as a no-op (B = 0): give it a real delta
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+
+    folder = save_policy(model, tmp_path / "step-1", base_model)
+
+    prompt, completion = list(range(3, 20)), list(range(40, 72))
+    trainer = transformers_reference(model)(prompt, completion)
+    served = engine_reference(folder)(prompt, completion)
+    untrained = engine_reference(base_model)(prompt, completion)
+    assert max(abs(a - b) for a, b in zip(trainer, served)) < 1e-3  # WeightSync's tolerance
+    assert max(abs(a - b) for a, b in zip(trainer, untrained)) > 1e-1  # the delta is real
+
+
 def test_lora_config_is_none_for_full_weights() -> None:
-    from rollwire_trl.trainer_setup import lora_config
+    from rollwire_trl.policy_trainer import lora_config
 
     assert lora_config(0) is None

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rollwire.plugins.protocols import Batch, ExportedRow
+from rollwire.plugins.protocols import Batch, ExportedRow, TrainerOption
 from rollwire_tinker.datums import TinkerDatum, datum_rows, to_datums
 
 __all__ = ["TinkerAdapter", "adapter"]
@@ -26,6 +26,42 @@ class TinkerAdapter:
     #: what ``rollwire train --trainer tinker`` needs (SkyRL too, for a server started here)
     train_requires: Sequence[str] = ("tinker>=0.18.2", "transformers>=4.45")
     export_suffix = ".tinker.jsonl"
+    install_hint = (
+        "rollwire train --trainer tinker needs the Tinker SDK (and SkyRL for a server started "
+        'here): pip install "rollwire[tinker]" "tinker==0.18.2" "skyrl[tinker,jax]==0.3.0"; in '
+        "a rollwire checkout, bash packages/adapter-tinker/ci/setup-venv.sh builds .venv-tinker"
+    )
+    #: ``rollwire train --trainer tinker``'s own options
+    train_options = (
+        TrainerOption(
+            "--base-url", "base_url", None, "the Tinker service (default: SkyRL's, started here)"
+        ),
+        TrainerOption(
+            "--base-model", "base_model", None, "the service's model to train (with --base-url)"
+        ),
+        TrainerOption(
+            "--loss-fn",
+            "loss_fn",
+            "importance_sampling",
+            "Tinker's RL loss (both weigh each token by exp(trainer - captured log-prob))",
+            str,
+            ("importance_sampling", "ppo"),
+        ),
+        TrainerOption(
+            "--probe-tolerance",
+            "probe_tolerance",
+            0.05,
+            "the sync's sampler-vs-trainer tolerance",
+            float,
+        ),
+        TrainerOption(
+            "--max-batch",
+            "max_batch",
+            32,
+            "SkyRL's sample_max_num_sequences (one padded shape, compiled once)",
+            int,
+        ),
+    )
 
     def convert(self, batch: Batch, **options: Any) -> list[TinkerDatum]:
         """One datum per row of each completed rollout (options: those of ``to_datums``)."""
@@ -43,31 +79,20 @@ class TinkerAdapter:
         tmp.replace(path)
         return path
 
-    def train(self, **options: Any) -> Any:
-        """Run ``rollwire train --trainer tinker`` (:func:`rollwire_tinker.loop.train`) with the
-        CLI's options; those that only the TRL loop has are refused unless left at default."""
-        from rollwire_tinker.loop import TinkerTrainSpec
-        from rollwire_tinker.loop import train as run
+    def train_rows(self, batch: Any) -> list[ExportedRow]:
+        """The rows of the loop's batch exactly as the update sends them (one datum each)."""
+        from rollwire_tinker.datums import row_datum
 
-        if options.pop("backend", None) is not None:
-            raise ValueError(
-                "--backend is the TRL loop's inference server; with --trainer tinker the Tinker "
-                "service's sampler serves the policy (--base-url)"
-            )
-        if options.pop("beta", 0.0):
-            raise ValueError(
-                "--beta: Tinker's importance_sampling and ppo losses have no KL penalty to the "
-                "starting policy; leave it at 0 with --trainer tinker"
-            )
-        mode = options.pop("importance_sampling", "token_truncate")
-        if mode != "token_truncate":
-            raise ValueError(
-                f"--importance-sampling {mode} is TRL's setting; with --trainer tinker choose "
-                "the loss with --loss-fn (importance_sampling or ppo: both weigh each token by "
-                "exp(trainer - captured log-prob))"
-            )
-        options.pop("save_every", None)  # every step saves a sampler checkpoint on the service
-        return run(TinkerTrainSpec(**options))
+        rows = self.flatten([row_datum(r.row, r.advantage) for r in batch.rows])
+        for row, train_row in zip(rows, batch.rows):
+            row.advantage = float(train_row.advantage)
+        return rows
+
+    def policy_trainer(self, spec: Any) -> Any:
+        """The trainer of ``rollwire train --trainer tinker``."""
+        from rollwire_tinker.policy_trainer import TinkerPolicyTrainer
+
+        return TinkerPolicyTrainer(spec)
 
     def flatten(self, converted: Any) -> list[ExportedRow]:
         """The rows the datums train on, rebuilt from ``TinkerDatum``s or exported lines."""

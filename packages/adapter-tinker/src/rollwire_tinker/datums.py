@@ -18,6 +18,7 @@ import numpy as np
 
 from rollwire.data.protocol import Group, Rollout, Row
 from rollwire.data.trajectory import BuildMode, TokenizerLike, build_rows
+from rollwire.trainer.train_batch import group_advantages
 
 __all__ = [
     "DatumBuild",
@@ -143,24 +144,6 @@ def row_datum(row: Row, advantage: float | np.ndarray) -> TinkerDatum:
         logprobs=logprobs,
         advantages=advantages,
     )
-
-
-def group_advantages(
-    rewards: Mapping[str, float], groups: Mapping[str, str | None], *, scale: bool = False
-) -> dict[str, float]:
-    """GRPO's advantage of each rollout: its reward minus its group's mean reward (divided by the
-    group's standard deviation when ``scale``). A rollout without a group is its own group."""
-    members: dict[str, list[str]] = {}
-    for rollout_id in rewards:
-        members.setdefault(groups.get(rollout_id) or rollout_id, []).append(rollout_id)
-    out: dict[str, float] = {}
-    for ids in members.values():
-        values = np.array([rewards[i] for i in ids], dtype=np.float64)
-        centred = values - values.mean()
-        if scale:
-            centred = centred / (values.std() + 1e-6)
-        out.update(zip(ids, centred.tolist()))
-    return out
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rollwire.trainer.train_batch import behaviour_stats
 from rollwire_tinker.datums import TinkerDatum
 
 __all__ = [
@@ -105,26 +106,15 @@ def ratio_stats(
     loss_fn: LossFn,
     clip: tuple[float, float],
 ) -> dict[str, float]:
-    """Importance ratios (trainer / behaviour policy) over the trained tokens, and the KL estimate."""
-    ratios, diffs = [], []
-    for datum, logprobs in zip(datums, trainer_logprobs):
-        trained = datum.trained()
-        diff = np.asarray(logprobs, dtype=np.float64)[trained] - datum.logprobs[trained]
-        diffs.append(diff)
-        ratios.append(np.exp(diff))
-    if not ratios or not sum(r.size for r in ratios):
-        return {}
-    ratio, diff = np.concatenate(ratios), np.concatenate(diffs)
-    out = {
-        "ratio_mean": float(ratio.mean()),
-        "ratio_min": float(ratio.min()),
-        "ratio_max": float(ratio.max()),
-        # k1 estimate of KL(behaviour || trainer) on the behaviour policy's samples
-        "kl_behaviour": float(-diff.mean()),
-        "logprob_mismatch_abs": float(np.abs(diff).mean()),
-    }
-    if loss_fn == "ppo":
-        out["clip_fraction"] = float(((ratio < clip[0]) | (ratio > clip[1])).mean())
+    """The trainer's log-probs against the behaviour policy's over the trained tokens
+    (:func:`~rollwire.trainer.train_batch.behaviour_stats`, one meaning for every trainer), and
+    with ``ppo`` the fraction of tokens whose ratio the clip cut."""
+    trainer = [np.asarray(lp, np.float64)[d.trained()] for d, lp in zip(datums, trainer_logprobs)]
+    sampled = [d.logprobs[d.trained()] for d in datums]
+    out = behaviour_stats(trainer, sampled)
+    if out and loss_fn == "ppo":
+        ratio = np.exp(np.concatenate([t - s for t, s in zip(trainer, sampled)]))
+        out["clip_ratio"] = float(((ratio < clip[0]) | (ratio > clip[1])).mean())
     return out
 
 

@@ -11,9 +11,17 @@ from typing import Any
 
 import orjson
 
-from rollwire.plugins.protocols import Batch, ExportedRow
+from rollwire.plugins.protocols import Batch, ExportedRow, TrainerOption
 
 __all__ = ["TrlAdapter", "adapter"]
+
+#: what ``rollwire train`` needs (printed when TRL or torch is missing)
+INSTALL_HINT = (
+    "rollwire train needs TRL and torch. CPU-only torch first, then the extra: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
+    'pip install "rollwire[trl]"; in a rollwire checkout, bash '
+    "packages/adapter-trl/ci/setup-venv.sh builds .venv-trl (then run .venv-trl/bin/rollwire train)"
+)
 
 
 class TrlAdapter:
@@ -27,6 +35,37 @@ class TrlAdapter:
     train_requires: tuple[str, ...] = ("trl>=1.16,<1.17", "torch>=2.4", "transformers>=4.56")
     #: one JSON object per sample: the rollout_func keys of that sample
     export_suffix = ".rollout_func.jsonl"
+    install_hint = INSTALL_HINT
+    #: ``rollwire train --trainer trl``'s own options
+    train_options = (
+        TrainerOption(
+            "--importance-sampling",
+            "importance_sampling",
+            "token_truncate",
+            "TRL's correction against the captured log-probs",
+            str,
+            ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"),
+        ),
+        TrainerOption(
+            "--is-clip-max", "is_clip_max", 3.0, "where the correction truncates or masks", float
+        ),
+        TrainerOption(
+            "--loss-type",
+            "loss_type",
+            "dapo",
+            "TRL's GRPO loss aggregation",
+            str,
+            ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo"),
+        ),
+        TrainerOption("--max-grad-norm", "max_grad_norm", 1.0, "gradient clipping", float),
+        TrainerOption(
+            "--threads",
+            "threads",
+            1,
+            "torch threads (the embedded model's ops are too small to gain from more)",
+            int,
+        ),
+    )
 
     def convert(self, batch: Batch, **options: Any) -> dict[str, list[Any]]:
         """``to_rollout_output(batch, **options)``: every row by default (``multi_row="all"``)."""
@@ -46,13 +85,17 @@ class TrlAdapter:
                 f.write(orjson.dumps({k: output[k][i] for k in keys}) + b"\n")
         return out
 
-    def train(self, **options: Any) -> Any:
-        """Run ``rollwire train``'s loop (:func:`rollwire_trl.loop.train`) with ``options``, the
-        fields of :class:`~rollwire_trl.loop.TrainSpec`; imports torch and TRL."""
-        from rollwire_trl.loop import TrainSpec
-        from rollwire_trl.loop import train as run
+    def train_rows(self, batch: Any) -> list[ExportedRow]:
+        """The rows of the loop's batch exactly as the update feeds them to TRL's loss."""
+        from rollwire_trl.samples import pad_rows
 
-        return run(TrainSpec(**options))
+        return pad_rows(batch.rows, pad_id=0).rows()
+
+    def policy_trainer(self, spec: Any) -> Any:
+        """The trainer of ``rollwire train --trainer trl`` (imports torch and TRL)."""
+        from rollwire_trl.policy_trainer import TrlTrainer
+
+        return TrlTrainer(spec)
 
     def flatten(self, converted: Any) -> list[ExportedRow]:
         """The samples of a converted dict, in order."""

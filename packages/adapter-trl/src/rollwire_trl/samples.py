@@ -6,10 +6,11 @@
 pass and out of the loss. Every other key reaches the reward functions as a keyword argument;
 rollwire's start with ``rollwire_``. How rollouts map onto samples (``multi_row``):
 
-- ``"last"`` (what ``rollout_func`` needs: exactly one sample per rollout): a rollout whose calls
-  forked into several rows (DESIGN §6) is trained on its **last** row, the one that holds the
-  final answer its reward is for; the earlier rows' sampled tokens are dropped and counted in
-  :class:`ConversionReport` (verl's legacy agent loop does the same).
+- ``"last"`` (what TRL's own ``rollout_func`` contract allows: exactly one sample per rollout,
+  for a ``GRPOTrainer`` you run yourself): a rollout whose calls forked into several rows (DESIGN
+  §6) is trained on the row holding its **final call** — the answer its reward is for — and the
+  other rows' sampled tokens are dropped and counted in :class:`ConversionReport`.
+  ``rollwire train`` does not use this: its loop trains every row.
 - ``"all"`` (``export``/``convert`` by default): every row the TrajectoryBuilder gives, for
   trainers or scripts that can take a variable number of rows.
 
@@ -37,7 +38,9 @@ __all__ = [
     "REQUIRED_KEYS",
     "ConversionReport",
     "MultiRow",
+    "PaddedRows",
     "flatten_output",
+    "pad_rows",
     "to_rollout_output",
 ]
 
@@ -128,6 +131,16 @@ def _add_row(
     )
 
 
+def _final_row(rollout: Rollout, rows: Sequence[Row]) -> Row:
+    """The row that holds the rollout's last call (rows are in the order they were opened: a
+    side call made mid-rollout opens a row after the main conversation's)."""
+    last = max(rollout.calls, key=lambda c: c.index, default=None)
+    for row in rows:
+        if last is not None and last.call_id in row.call_ids:
+            return row
+    return rows[-1]
+
+
 def to_rollout_output(
     batch: Batch,
     *,
@@ -183,10 +196,13 @@ def to_rollout_output(
                     policy_version=None,
                 )
                 continue
+            final = _final_row(rollout, rows)
             if len(rows) > 1:
                 report.forked += 1
-                report.forked_tokens_dropped += sum(int(r.loss_mask.sum()) for r in rows[:-1])
-            _add_row(out, rollout, rows[-1], reward, report)
+                report.forked_tokens_dropped += sum(
+                    int(r.loss_mask.sum()) for r in rows if r is not final
+                )
+            _add_row(out, rollout, final, reward, report)
     report.samples = len(out["prompt_ids"])
     return (out, report) if return_report else out
 
@@ -214,3 +230,67 @@ def flatten_output(output: dict[str, list[Any]]) -> list[ExportedRow]:
             )
         )
     return rows
+
+
+@dataclass
+class PaddedRows:
+    """Rows as TRL's loss takes them: prompts left-padded, responses right-padded."""
+
+    prompt_ids: np.ndarray
+    prompt_mask: np.ndarray
+    completion_ids: np.ndarray
+    completion_mask: np.ndarray
+    #: 1 = sampled by the policy (carries loss); 0 = tool, user or template token, or padding
+    tool_mask: np.ndarray
+    sampling_logps: np.ndarray
+    advantages: np.ndarray
+    rollout_ids: list[str]
+    group_ids: list[str | None]
+
+    def rows(self) -> list[ExportedRow]:
+        """The rows back out of the padding, as the loss sees them."""
+        out = []
+        for i, rid in enumerate(self.rollout_ids):
+            p = self.prompt_ids[i][self.prompt_mask[i] == 1]
+            keep = self.completion_mask[i] == 1
+            out.append(
+                ExportedRow(
+                    rollout_id=rid,
+                    group_id=self.group_ids[i],
+                    prompt_ids=p,
+                    response_ids=self.completion_ids[i][keep],
+                    loss_mask=self.tool_mask[i][keep],
+                    logprobs=self.sampling_logps[i][keep],
+                    reward=None,
+                    advantage=float(self.advantages[i]),
+                )
+            )
+        return out
+
+
+def pad_rows(rows: Sequence[Any], pad_id: int) -> PaddedRows:
+    """``rows`` (the loop's :class:`~rollwire.trainer.train_batch.TrainRow`\\ s) padded into TRL's
+    loss inputs; the behaviour policy's log-prob sits on every sampled token, 0 elsewhere."""
+    n = len(rows)
+    p_len = max(len(r.prompt_ids) for r in rows)
+    c_len = max(len(r.response_ids) for r in rows)
+    out = PaddedRows(
+        prompt_ids=np.full((n, p_len), pad_id, np.int64),
+        prompt_mask=np.zeros((n, p_len), np.int64),
+        completion_ids=np.full((n, c_len), pad_id, np.int64),
+        completion_mask=np.zeros((n, c_len), np.int64),
+        tool_mask=np.zeros((n, c_len), np.int64),
+        sampling_logps=np.zeros((n, c_len), np.float32),
+        advantages=np.array([r.advantage for r in rows], np.float32),
+        rollout_ids=[r.row.rollout_id for r in rows],
+        group_ids=[r.row.group_id for r in rows],
+    )
+    for i, r in enumerate(rows):
+        p, c = r.prompt_ids, r.response_ids
+        out.prompt_ids[i, p_len - len(p) :] = p
+        out.prompt_mask[i, p_len - len(p) :] = 1
+        out.completion_ids[i, : len(c)] = c
+        out.completion_mask[i, : len(c)] = 1
+        out.tool_mask[i, : len(c)] = r.loss_mask
+        out.sampling_logps[i, : len(c)] = r.logprobs
+    return out

@@ -133,8 +133,14 @@ def save_policy(
 def _save_merged(model: Any, folder: Path) -> None:
     """The base model with each LoRA layer's delta added to its weight, under the base model's
     own parameter names (as TRL names them for its vLLM push). Computed beside the weights, not
-    merged into them: a merge and unmerge would leave rounding drift in the trained base."""
+    merged into them: a merge and unmerge would leave rounding drift in the trained base.
+
+    A LoRA layer adapts a module's ``weight`` or, for a peft ``ParamWrapper`` (``target_parameters``,
+    which ``all-linear`` picks for the fused MoE experts and router of transformers >= 5), the
+    parameter it names, possibly under nested wrappers (``experts.base_layer.base_layer.down_proj``):
+    each delta goes to the parameter itself, found by identity, never to a guessed name."""
     base = model.get_base_model()
+    owners = {id(p): n for n, p in base.named_parameters(remove_duplicate=False)}
     deltas: dict[str, Any] = {}
     for name, module in base.named_modules():
         if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
@@ -143,7 +149,7 @@ def _save_merged(model: Any, folder: Path) -> None:
             continue
         for adapter in getattr(module, "active_adapters", ()):
             if adapter in getattr(module, "lora_A", {}):
-                key = f"{name}.base_layer.weight"
+                key = _adapted_parameter(module, name, owners)
                 delta = module.get_delta_weight(adapter).detach()
                 deltas[key] = deltas[key] + delta if key in deltas else delta
     state = {}
@@ -153,6 +159,21 @@ def _save_merged(model: Any, folder: Path) -> None:
         value = tensor + deltas[name].to(tensor.dtype) if name in deltas else tensor
         state[name.replace(".base_layer", "").replace("modules_to_save.default.", "")] = value
     base.save_pretrained(folder, state_dict=state, safe_serialization=True)
+
+
+def _adapted_parameter(layer: Any, name: str, owners: dict[int, str]) -> str:
+    """The state-dict name of the parameter the LoRA ``layer`` (at ``name``) adds its delta to."""
+    if hasattr(layer, "get_param"):  # a ParamWrapper: the parameter it names, on its base module
+        param = layer.get_param()
+    else:
+        param = getattr(layer.get_base_layer(), "weight", None)
+    key = owners.get(id(param))
+    if key is None:
+        raise RuntimeError(
+            f"LoRA layer {name} ({type(layer).__name__}) adapts no parameter of the base model "
+            "this export can find; its delta cannot be merged into the folder the servers load"
+        )
+    return key
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
@@ -179,12 +200,14 @@ def http_weight_sync(
 
     def sync(weights_dir: Path, version: str) -> dict[str, float]:
         t0 = time.perf_counter()
+        # absolute: a server started in another working folder reads the path from its own
+        folder = str(Path(weights_dir).resolve())
         with httpx.Client(timeout=timeout) as http:
             for url in urls:
                 _post(
                     http,
                     f"{url}/collective_rpc",
-                    {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
+                    {"method": "reload_weights", "kwargs": {"weights_path": folder}},
                 )
                 _post(http, f"{url}/reset_prefix_cache", None)
                 _post(http, f"{url}/update_weight_version", {"new_version": version})

@@ -55,18 +55,6 @@ class RollwireGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             self.vllm_generation = _WeightsSyncedByRollwire()
             self._last_loaded_step = -1
 
-    def _get_train_sampler(self, dataset: Any = None) -> Any:
-        sampler = super()._get_train_sampler(dataset)
-        bind = getattr(self.rollout_func, "bind", None)
-        if bind is None:
-            return sampler
-        # an AsyncRollouts reads the sampler's order to roll out the next batch ahead
-        from rollwire_trl.prefetch import SamplerOrder
-
-        order = SamplerOrder(sampler)
-        bind(order, dataset if dataset is not None else self.train_dataset)
-        return order
-
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output: dict[str, Any] = super()._generate_and_score_completions(inputs)
         old = output.get("old_per_token_logps")

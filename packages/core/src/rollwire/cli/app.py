@@ -60,7 +60,10 @@ app.command("demo")(commands.demo)
 app.command("doctor")(doctor_command)
 app.command("inspect")(inspect_command)
 app.command("eval")(eval_command)
-app.command("train")(train.train)
+# a trainer plugin's own options follow the shared ones: parsed by train() against the plugin
+app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    train.train
+)
 app.command("plugins")(plugins.plugins)
 
 

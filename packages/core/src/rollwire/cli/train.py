@@ -1,16 +1,18 @@
-"""``rollwire train``: online RL on one machine — rollouts through the gateway, GRPO updates by TRL,
-weights pushed back to the server after every step, held-out pass@1 before and after.
+"""``rollwire train``: online RL on one machine — rollouts through the gateway, an update by the
+trainer you choose, weights pushed back to the servers and verified after every step, held-out
+pass@1 before and after.
 
-The loop itself lives in the trainer's adapter (``--trainer trl``: ``rollwire-trl``, installed
-with ``rollwire[trl]``; ``--trainer tinker``: ``rollwire-tinker``, a Tinker service):
-this module only reads the options and loads that adapter through the plugin registry, so a
-machine without torch gets one line saying what to install.
+The loop is :mod:`rollwire.trainer.loop`, one for every trainer. ``--trainer NAME`` loads that
+trainer's plugin (entry point group ``rollwire.trainers``) through the registry, so a machine
+without its framework gets one line saying what to install; the plugin's own options follow the
+shared ones on the command line (``--help-trainer`` lists them).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,44 +23,71 @@ from rich.table import Table
 from rollwire.cli.errors import fail
 from rollwire.cli.run import quiet_logs
 
-__all__ = ["INSTALL_HINT", "train"]
+__all__ = ["parse_trainer_options", "train"]
 
 console = Console()
-
-#: how to get TRL and a CPU-only torch (printed when the trl plugin cannot load)
-INSTALL_HINT = (
-    "rollwire train needs TRL and torch. CPU-only torch first, then the extra: "
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
-    'pip install "rollwire[trl]"; in a rollwire checkout, bash '
-    "packages/adapter-trl/ci/setup-venv.sh builds .venv-trl (then run .venv-trl/bin/rollwire train)"
-)
-
-
-#: the same for ``--trainer tinker``
-TINKER_HINT = (
-    "rollwire train --trainer tinker needs the Tinker SDK (and SkyRL for a server started "
-    'here): pip install "rollwire[tinker]" "tinker==0.18.2" "skyrl[tinker,jax]==0.3.0"; in a '
-    "rollwire checkout, bash packages/adapter-tinker/ci/setup-venv.sh builds .venv-tinker"
-)
-_HINTS = {"trl": INSTALL_HINT, "tinker": TINKER_HINT}
 
 
 def _adapter(trainer: str) -> Any:
     from rollwire.plugins import PluginError, check_requirements, load_trainer
 
-    hint = _HINTS.get(trainer)
-    if hint is None:
-        raise fail(f"--trainer {trainer!r}: choose one of {sorted(_HINTS)}")
     try:
         adapter = load_trainer(trainer)
     except PluginError as exc:
-        raise fail(f"{exc}. {hint}") from exc
-    if not callable(getattr(adapter, "train", None)):
-        raise fail(f"the installed {trainer} plugin has no train(): upgrade rollwire-{trainer}")
+        raise fail(str(exc)) from exc
+    if not callable(getattr(adapter, "policy_trainer", None)):
+        raise fail(
+            f"the {trainer} plugin converts batches but does not train: rollwire train needs a "
+            "trainer plugin with policy_trainer() (installed: trl, tinker)"
+        )
     problems = check_requirements(getattr(adapter, "train_requires", ()))
     if problems:
-        raise fail(f"{'; '.join(problems)}. {hint}")
+        hint = getattr(adapter, "install_hint", "")
+        raise fail(f"{'; '.join(problems)}. {hint}".strip())
     return adapter
+
+
+def parse_trainer_options(
+    trainer: str, declared: Sequence[Any], args: Sequence[str]
+) -> dict[str, Any]:
+    """The trainer's own options from the words the shared options left over: ``--flag VALUE``,
+    ``--flag=VALUE``, ``--flag``/``--no-flag`` for a switch; the declared defaults for the rest."""
+    by_flag = {o.flag: o for o in declared}
+    out: dict[str, Any] = {o.name: o.default for o in declared}
+    words = list(args)
+    while words:
+        word = words.pop(0)
+        flag, _, inline = word.partition("=")
+        negated = flag.startswith("--no-") and f"--{flag[5:]}" in by_flag
+        option = by_flag.get(f"--{flag[5:]}" if negated else flag)
+        if option is None:
+            known = ", ".join(sorted(by_flag)) or "none"
+            raise fail(
+                f"no such option {word!r} for --trainer {trainer} (its own options: {known}; "
+                "rollwire train --help lists the shared ones)"
+            )
+        if option.kind is bool:
+            out[option.name] = not negated
+            continue
+        if not inline:
+            if not words:
+                raise fail(f"{flag} needs a value")
+            inline = words.pop(0)
+        try:
+            value = option.kind(inline)
+        except ValueError:
+            raise fail(f"{flag} {inline!r}: expected {option.kind.__name__}") from None
+        if option.choices and value not in option.choices:
+            raise fail(f"{flag} {inline!r}: choose one of {', '.join(option.choices)}")
+        out[option.name] = value
+    return out
+
+
+def _trainer_help(trainer: str, adapter: Any) -> None:
+    console.print(f"options of --trainer {trainer}:", highlight=False)
+    for o in getattr(adapter, "train_options", ()):
+        choices = f" ({' | '.join(o.choices)})" if o.choices else ""
+        console.print(f"  {o.flag:<22} {o.help}{choices} [default: {o.default}]", highlight=False)
 
 
 def _tasks(path: Path | None) -> list[dict[str, Any]] | None:
@@ -94,35 +123,22 @@ def _summary(result: Any, out: Path) -> Table:
     table.add_row("wall time", f"{result.wall_s:.0f} s")
     table.add_row("trained policy", str(result.final_dir))
     table.add_row("per-step log", str(out / "steps.jsonl"))
+    table.add_row("rollouts trained on", str(out / "rollouts"))
     table.add_row("report (curves)", str(out / "report.html"))
     return table
 
 
 def train(
+    ctx: typer.Context,
     trainer: str = typer.Option(
         "trl",
         "--trainer",
         metavar="NAME",
-        help="trl (GRPO in this process) or tinker (a Tinker service: --base-url, or SkyRL's "
-        "server started here).",
+        help="The trainer plugin: trl (GRPO in this process) or tinker (a Tinker service). Its "
+        "own options follow the shared ones (--help-trainer lists them).",
     ),
-    base_url: str = typer.Option(
-        None,
-        "--base-url",
-        metavar="URL",
-        help="--trainer tinker: the Tinker service (default: start SkyRL's server here).",
-    ),
-    base_model: str = typer.Option(
-        None,
-        "--base-model",
-        metavar="NAME",
-        help="--trainer tinker: the service's model to train (with --base-url).",
-    ),
-    loss_fn: str = typer.Option(
-        "importance_sampling",
-        "--loss-fn",
-        metavar="NAME",
-        help="--trainer tinker: importance_sampling or ppo.",
+    help_trainer: bool = typer.Option(
+        False, "--help-trainer", help="List the options of --trainer NAME and exit."
     ),
     out: Path = typer.Option(
         Path("rollwire-train"),
@@ -135,8 +151,9 @@ def train(
         "lockbox",
         "--task",
         metavar="NAME",
-        help="Built-in task: lockbox (the embedded model learns it in minutes) or calculator "
-        "(a two-turn arithmetic task with a calculator tool, for a real --model).",
+        help="Built-in task (entry point group rollwire.tasks): lockbox (the embedded model "
+        "learns it in minutes) or calculator (a two-turn arithmetic task with a calculator "
+        "tool, for a real --model).",
     ),
     agent: str = typer.Option(
         None,
@@ -164,7 +181,9 @@ def train(
         exists=True,
         file_okay=False,
         metavar="DIR",
-        help="Hugging Face model folder to start from (default: the embedded engine's model after a supervised warm-up).",
+        help="Hugging Face model folder to start from (default: the embedded engine's model "
+        "after a supervised warm-up). Without --backend the embedded engine serves it, which "
+        "loads Mixtral-layout folders only; serve other models with vLLM and --backend.",
     ),
     backend: str = typer.Option(
         None,
@@ -193,14 +212,24 @@ def train(
         "--lora-rank",
         min=0,
         metavar="R",
-        help="Train LoRA adapters of rank R on every linear layer (TRL: needs peft, alpha 2R, the "
-        "servers get the merged weights; default 0, the full weights. Tinker: default 8).",
+        help="Train LoRA adapters of rank R on every linear layer (alpha 2R; the servers get the "
+        "merged weights). Default: the trainer's (trl: 0, the full weights; tinker: 8).",
     ),
     temperature: float = typer.Option(
-        1.0, "--temperature", metavar="T", help="Sampling temperature (TRL scores at the same one)."
+        1.0,
+        "--temperature",
+        metavar="T",
+        help="Sampling temperature of every call (the trainer scores at the same one).",
     ),
     max_tokens: int = typer.Option(
-        8, "--max-tokens", metavar="N", help="Max tokens per model call."
+        None,
+        "--max-tokens",
+        min=1,
+        metavar="N",
+        help="Max tokens per model call (default: what the agent asks for).",
+    ),
+    top_p: float = typer.Option(
+        None, "--top-p", metavar="P", help="top_p of every call (default: the agent's)."
     ),
     warmup_steps: int = typer.Option(
         150,
@@ -230,11 +259,35 @@ def train(
     eval_k: int = typer.Option(
         4, "--eval-k", min=1, metavar="K", help="Attempts per held-out task."
     ),
-    importance_sampling: str = typer.Option(
-        "token_truncate",
-        "--importance-sampling",
-        metavar="MODE",
-        help="TRL's correction against the captured log-probs: token_truncate, token_mask, sequence_truncate, sequence_mask or off.",
+    scale_advantages: bool = typer.Option(
+        True,
+        "--scale-advantages/--no-scale-advantages",
+        help="Divide each rollout's advantage (reward minus its group's mean) by the group's "
+        "standard deviation.",
+    ),
+    failed_rollouts: str = typer.Option(
+        "baseline",
+        "--failed-rollouts",
+        metavar="HOW",
+        help="A rollout that did not complete trains no token; baseline: its reward (0) counts "
+        "in its group's mean; drop: it is left out of the group.",
+    ),
+    micro_batch_size: int = typer.Option(
+        0,
+        "--micro-batch-size",
+        min=0,
+        metavar="N",
+        help="Rows per forward/backward pass, gradients accumulated over the step (0: all).",
+    ),
+    bf16: bool = typer.Option(
+        False, "--bf16", help="Train in bfloat16 (the probe's tolerance widens to match)."
+    ),
+    verify_tolerance: float = typer.Option(
+        None,
+        "--verify-tolerance",
+        metavar="X",
+        help="Largest |server - trainer| log-prob a verified push may show (default: from the "
+        "serving and training dtypes).",
     ),
     async_rollouts: bool = typer.Option(
         False,
@@ -259,14 +312,6 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out from its newest checkpoint."
     ),
-    threads: int = typer.Option(
-        1,
-        "--threads",
-        min=1,
-        metavar="N",
-        help="torch threads: the embedded model's ops are too small to gain from more (and lose "
-        "a lot on a busy machine); raise it for a real --model.",
-    ),
     metrics: str = typer.Option(
         None, "--metrics", metavar="SINK", help="tensorboard:DIR, mlflow:URI or wandb:DIR."
     ),
@@ -275,39 +320,42 @@ def train(
         False, "--verbose", "-v", help="Log rollwire's and TRL's messages."
     ),
 ) -> None:
-    """Train the policy with GRPO (TRL, or a Tinker service with --trainer tinker) on rollouts
-    captured by the gateway, syncing the server's weights after every step; report held-out
-    pass@1 before step 1 and after the last."""
+    """Train the policy with GRPO on rollouts captured by the gateway (TRL in this process, a
+    Tinker service, or any trainer plugin), pushing and verifying the servers' weights after
+    every step; report held-out pass@1 before step 1 and after the last."""
+    adapter = _adapter(trainer)
+    if help_trainer:
+        _trainer_help(trainer, adapter)
+        raise typer.Exit()
+    own = parse_trainer_options(trainer, getattr(adapter, "train_options", ()), ctx.args)
     if (agent is None) != (tasks is None) or (agent is not None and eval_tasks is None):
         raise fail("--agent, --tasks and --eval-tasks go together (the built-in --task needs none)")
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's notice, every run
+    if failed_rollouts not in ("baseline", "drop"):
+        raise fail(f"--failed-rollouts {failed_rollouts!r}: choose baseline or drop")
     if not verbose:  # the step lines say what happens; library chatter would bury them
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_logs(verbose)
-    if trainer == "trl" and (base_url is not None or base_model is not None):
-        raise fail("--base-url and --base-model go with --trainer tinker")
-    if trainer == "tinker" and lora_rank == 0:
-        raise fail("--trainer tinker trains LoRA adapters: --lora-rank must be at least 1")
-    if trainer == "tinker" and async_rollouts:
-        raise fail("--async goes with --trainer trl (the Tinker loop samples on-policy)")
-    lora_rank = (8 if trainer == "tinker" else 0) if lora_rank is None else lora_rank
-    adapter = _adapter(trainer)
-    tinker_only = {"base_url": base_url, "base_model": base_model, "loss_fn": loss_fn}
-    if trainer == "trl":
-        import torch
+    from rollwire.trainer.loop import RunSpec, run
+    from rollwire.trainer.weight_sync import WeightSyncError
 
-        torch.set_num_threads(threads)
-    skip = {"adapter", "threads", "torch", "trainer", "tinker_only", "skip"}
-    if trainer == "trl":
-        skip.update(tinker_only)
-    else:
-        skip.update({"async_rollouts", "max_staleness"})
-    options = {k: v for k, v in locals().items() if k not in skip}
-    options["tasks"], options["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
-    options["log"] = lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)
+    shared = {k: v for k, v in locals().items() if k in RunSpec.__dataclass_fields__}
+    shared["tasks"], shared["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
+    spec = RunSpec(
+        **shared,
+        options=own,
+        log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
+    )
     try:
-        result = adapter.train(**options)
+        result = run(spec, adapter.policy_trainer(spec))
     except ValueError as exc:
         raise fail(str(exc)) from exc
+    except WeightSyncError as exc:
+        first = str(exc).splitlines()
+        detail = first[1].strip() if len(first) > 1 else ""
+        raise fail(
+            f"weight sync failed: {first[0]} {detail} (steps.jsonl and the checkpoints so far are "
+            f"in {out}; --resume continues from the newest)",
+            code=1,
+        ) from exc
     console.print(_summary(result, out))

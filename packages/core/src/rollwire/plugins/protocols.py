@@ -15,7 +15,7 @@ import numpy as np
 
 from rollwire.data.protocol import Group, Rollout
 
-__all__ = ["AgentAdapter", "Batch", "ExportedRow", "TrainerAdapter"]
+__all__ = ["AgentAdapter", "Batch", "ExportedRow", "TrainerAdapter", "TrainerOption"]
 
 Batch = Iterable[Group] | Iterable[Rollout] | Iterable[Group | Rollout]
 
@@ -34,6 +34,21 @@ class ExportedRow:
     #: ``[len(prompt_ids) + len(response_ids) - 1, layers, top_k]`` when the trainer format keeps
     #: the routing of every position (DESIGN §6); None when it has none or cannot carry it.
     routed_experts: np.ndarray | None = None
+    #: the advantage the row's sampled tokens train with (``train_rows``; None in exports)
+    advantage: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainerOption:
+    """One option a trainer plugin adds to ``rollwire train`` (after the shared ones); its value
+    reaches the trainer as ``RunSpec.options[name]``."""
+
+    flag: str
+    name: str
+    default: Any
+    help: str
+    kind: type = str
+    choices: tuple[Any, ...] = ()
 
 
 @runtime_checkable
@@ -49,7 +64,10 @@ class TrainerAdapter(Protocol):
     # is not the plugin's name) and ``export_suffix`` (e.g. ``".dataproto.pkl"``): the file suffix
     # ``rollwire demo`` gives its export; ``.jsonl`` when absent. An adapter with empty
     # ``requires`` may set ``framework`` (the trainer's distribution name, e.g. ``"slime"``): when
-    # it is not installed, ``rollwire plugins`` reports the adapter "export only".
+    # it is not installed, ``rollwire plugins`` reports the adapter "export only". A plugin that
+    # trains (``rollwire train --trainer NAME``) adds ``policy_trainer(spec)`` (a
+    # :class:`rollwire.trainer.loop.PolicyTrainer`), ``train_requires``, ``install_hint`` and
+    # ``train_options`` (a sequence of :class:`TrainerOption`).
 
     def convert(self, batch: Batch, **options: Any) -> Any:
         """The trainer's native batch (or its documented dict form when the trainer is absent)."""

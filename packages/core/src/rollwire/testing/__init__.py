@@ -16,17 +16,20 @@ from rollwire.testing.samples import (
     merged_rollout,
     moe_rollout,
     sample_batch,
+    side_call_rollout,
     single_turn_rollout,
 )
-from rollwire.testing.trainer import TrainerAdapterConformance
+from rollwire.testing.trainer import TrainerAdapterConformance, TrainerLoopConformance
 
 __all__ = [
     "AgentAdapterConformance",
     "TrainerAdapterConformance",
+    "TrainerLoopConformance",
     "failed_rollout",
     "forked_rollout",
     "merged_rollout",
     "moe_rollout",
     "sample_batch",
+    "side_call_rollout",
     "single_turn_rollout",
 ]

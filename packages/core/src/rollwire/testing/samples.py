@@ -12,6 +12,7 @@ __all__ = [
     "merged_rollout",
     "moe_rollout",
     "sample_batch",
+    "side_call_rollout",
     "single_turn_rollout",
     "versioned_rollout",
 ]
@@ -64,6 +65,28 @@ def _three_calls(rid: str) -> list[ModelCall]:
     p2 = np.concatenate([p1, c1, _ids(900, 2)])
     c2 = _ids(1000, 3)
     return [_call(rid, 0, p0, c0), _call(rid, 1, p1, c1), _call(rid, 2, p2, c2)]
+
+
+def side_call_rollout(
+    rid: str = "r-side", group_id: str = "g-side", reward: float = 1.0
+) -> Rollout:
+    """A main turn, a side call mid-rollout (another conversation: a router, a summariser) with a
+    one-token answer, then the final answer continuing the main turn: two rows, the main one
+    opened first."""
+    p0, c0 = _ids(100, 8), _ids(600, 4)
+    side_prompt, side = _ids(3000, 6), _ids(3100, 1)
+    p2 = np.concatenate([p0, c0, _ids(700, 3)])
+    c2 = _ids(800, 5)
+    calls = [_call(rid, 0, p0, c0), _call(rid, 1, side_prompt, side), _call(rid, 2, p2, c2)]
+    return Rollout(
+        rollout_id=rid,
+        group_id=group_id,
+        task_id=group_id,
+        status="completed",
+        reward=reward,
+        metrics={"turns": 3.0},
+        calls=calls,
+    )
 
 
 def merged_rollout(rid: str = "r-merged", group_id: str = "g0", reward: float = 0.5) -> Rollout:

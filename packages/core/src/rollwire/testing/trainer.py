@@ -13,7 +13,7 @@ from rollwire.data.trajectory import build_rows
 from rollwire.plugins.protocols import ExportedRow, TrainerAdapter
 from rollwire.testing.samples import sample_batch
 
-__all__ = ["TrainerAdapterConformance"]
+__all__ = ["TrainerAdapterConformance", "TrainerLoopConformance"]
 
 
 class TrainerAdapterConformance:
@@ -127,3 +127,66 @@ class TrainerAdapterConformance:
     ) -> None:
         out = adapter.export(batch, tmp_path / f"batch.{adapter.name}", **self.convert_options)
         assert Path(out).exists() and Path(out).stat().st_size > 0
+
+
+class TrainerLoopConformance:
+    """What a trainer of ``rollwire train`` must do with the loop's batch: feed its update exactly
+    the rows :func:`~rollwire.trainer.train_batch.build_train_batch` made — every sampled token
+    of every call, side calls included, with its rollout's advantage. The ``adapter`` fixture's
+    ``train_rows(batch)`` gives the rows as the trainer's update sees them."""
+
+    @pytest.fixture
+    def adapter(self) -> Any:
+        raise NotImplementedError("subclasses provide the adapter under test")
+
+    @pytest.fixture
+    def batch(self) -> Any:
+        from rollwire.testing.samples import side_call_rollout
+        from rollwire.trainer.train_batch import build_train_batch
+
+        group = Group(
+            group_id="g-side",
+            rollouts=[
+                side_call_rollout("r-side-a", reward=1.0),
+                side_call_rollout("r-side-b", reward=0.0),
+            ],
+        )
+        return build_train_batch([group, *sample_batch()])
+
+    def test_every_sampled_token_carries_loss(self, adapter: Any, batch: Any) -> None:
+        rows = adapter.train_rows(batch)
+        assert batch.sampled_tokens > batch.trained_tokens > 0  # sample_batch has a failure
+        assert sum(int(r.loss_mask.sum()) for r in rows) == batch.trained_tokens
+        for rollout in batch.rollouts:
+            if rollout.status != "completed":
+                continue
+            mine = [r for r in rows if r.rollout_id == rollout.rollout_id]
+            for call in rollout.calls:
+                ids = call.completion_ids.astype(np.int64)
+                found = [
+                    (r, start)
+                    for r in mine
+                    for start in range(len(r.response_ids) - len(ids) + 1)
+                    if np.array_equal(r.response_ids[start : start + len(ids)], ids)
+                    and r.loss_mask[start : start + len(ids)].all()
+                ]
+                assert found, f"{call.call_id}'s sampled tokens carry no loss"
+                row, start = found[0]
+                np.testing.assert_allclose(
+                    row.logprobs[start : start + len(ids)], call.logprobs, atol=1e-6
+                )
+
+    def test_the_side_call_and_the_final_answer_are_both_trained(
+        self, adapter: Any, batch: Any
+    ) -> None:
+        rows = [r for r in adapter.train_rows(batch) if r.rollout_id == "r-side-a"]
+        assert len(rows) == 2  # the main conversation and the side call
+        final = batch.rollouts[0].calls[2].completion_ids
+        assert any(r.response_ids[-len(final) :].tolist() == final.tolist() for r in rows)
+
+    def test_each_row_has_its_rollouts_advantage(self, adapter: Any, batch: Any) -> None:
+        rows = adapter.train_rows(batch)
+        for row in rows:
+            assert row.advantage == pytest.approx(batch.advantages[row.rollout_id])
+        side = {r.rollout_id: r.advantage for r in rows if r.rollout_id.startswith("r-side")}
+        assert side["r-side-a"] > 0 > side["r-side-b"]

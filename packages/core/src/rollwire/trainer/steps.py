@@ -73,6 +73,7 @@ class StepRecord:
     pass_rate: float
     rollouts: int
     failed: int
+    #: tokens the policy sampled in the step's rollouts
     sampled_tokens: int
     rollout_s: float
     train_s: float
@@ -82,13 +83,21 @@ class StepRecord:
     rollout_wait_s: float = 0.0
     #: the whole step, from its start to its end
     wall_s: float = 0.0
+    #: of ``sampled_tokens``, those that carried loss
+    trained_tokens: int = 0
+    #: prompt tokens sent to the servers (what a managed service bills as prefill)
+    prefill_tokens: int = 0
+    #: calls that stopped at their token limit (``finish_reason="length"``)
+    truncated_calls: int = 0
+    #: training rows (a rollout gives one per conversation it held)
+    rows: int = 0
+    #: rollouts that gave more than one row (a side call, a fork)
     forked: int = 0
-    placeholders: int = 0
     #: the policy versions the gateway stamped on this step's calls (the previous step's)
     policy_versions: list[str] = field(default_factory=list)
-    #: the trainer's statistics under rollwire's names (``loss``, ``kl_behaviour``,
-    #: ``is_ratio_min``/``_mean``/``_max``, ...); the key keeps the name TRL runs first wrote
-    trl: dict[str, float] = field(default_factory=dict)
+    #: the trainer's statistics under rollwire's names (``loss``, ``grad_norm``, and
+    #: ``kl_behaviour``, ``is_ratio_*``, ``logp_diff_*`` as ``behaviour_stats`` defines them)
+    trainer: dict[str, float] = field(default_factory=dict)
     #: what the sync hook returned, when numbers (WeightSync: the time split and the probe's
     #: server-vs-trainer log-prob difference before and after the push)
     sync: dict[str, float] = field(default_factory=dict)
@@ -97,7 +106,7 @@ class StepRecord:
     def flat(self) -> dict[str, float]:
         """Numbers for a metrics sink (``train/...``, ``eval/...``)."""
         out = {f"train/{k}": float(v) for k, v in asdict(self).items() if _number(v)}
-        out.update({f"train/{k}": v for k, v in self.trl.items()})
+        out.update({f"train/{k}": v for k, v in self.trainer.items()})
         out.update({k if "/" in k else f"sync/{k}": v for k, v in self.sync.items()})
         if self.eval is not None:
             out["eval/pass@1"] = self.eval.pass_at_1
@@ -154,6 +163,9 @@ def read_steps(path: Path, *, upto: int | None = None) -> list[dict[str, Any]]:
 def record_from_json(raw: dict[str, Any]) -> StepRecord:
     """A :class:`StepRecord` from one ``steps.jsonl`` line."""
     raw = dict(raw)
+    if "trl" in raw:  # the name records of earlier runs used
+        raw["trainer"] = raw.pop("trl")
+    raw.pop("placeholders", None)
     ev = raw.pop("eval", None)
     record = StepRecord(**raw)
     record.eval = EvalPoint(**ev) if ev else None
@@ -162,13 +174,14 @@ def record_from_json(raw: dict[str, Any]) -> StepRecord:
 
 def step_line(record: StepRecord, total: int) -> str:
     """One terminal line per step."""
-    t = record.trl
+    t = record.trainer
     line = (
         f"step {record.step:>3}/{total}  reward {record.reward_mean:.3f}±{record.reward_std:.3f}  "
         f"pass {record.pass_rate:.2f}  loss {t.get('loss', 0.0):+.4f}  "
         f"kl_behaviour {t.get('kl_behaviour', 0.0):.2e}  "
         f"is_ratio {t.get('is_ratio_min', 1.0):.2f}..{t.get('is_ratio_max', 1.0):.2f}  "
-        f"clip {t.get('clip_ratio', 0.0):.3f}  {record.tokens_per_s:.0f} tok/s  "
+        f"clip {t.get('clip_ratio', 0.0):.3f}  "
+        f"tokens {record.trained_tokens}/{record.sampled_tokens}  {record.tokens_per_s:.0f} tok/s  "
         f"rollout {record.rollout_s:.1f}s train {record.train_s:.1f}s sync {record.sync_s:.2f}s"
     )
     if record.eval is not None:

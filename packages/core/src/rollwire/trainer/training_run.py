@@ -1,8 +1,7 @@
-"""The parts of ``rollwire train`` every trainer shares (TRL's loop, the Tinker loop): the built-in
-tasks and their datasets, the rollout client, held-out evaluation, the run folder, the baseline,
-``steps.jsonl`` and the result files (``summary.json``, ``report.html``).
-
-A trainer's loop passes its own settings object; :class:`TrainSettings` lists what is read here.
+"""The parts of ``rollwire train``'s loop (:mod:`rollwire.trainer.loop`) around the steps: the
+built-in tasks (entry point group ``rollwire.tasks``) and their datasets, the rollout client,
+held-out evaluation, the run folder, the baseline, ``steps.jsonl`` and the result files
+(``summary.json``, ``report.html``). :class:`TrainSettings` lists what is read here.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from rollwire.data.protocol import CaptureMode
 from rollwire.trainer.steps import EvalPoint, StepRecord, read_steps, record_from_json, write_step
 
 __all__ = [
-    "TASKS",
+    "TASK_GROUP",
     "StepLog",
     "TrainResult",
     "TrainSettings",
@@ -31,20 +30,13 @@ __all__ = [
     "prepare_out",
     "rollout_client",
     "task_module",
+    "task_names",
     "write_heldout",
 ]
 
-#: built-in tasks: the agent, and the module that makes tasks and warm-up conversations
-TASKS: dict[str, dict[str, str]] = {
-    "lockbox": {
-        "agent": "rollwire.envs.lockbox.agent_openai:app",
-        "module": "rollwire.envs.lockbox",
-    },
-    "calculator": {
-        "agent": "rollwire.envs.calculator.agent_openai:app",
-        "module": "rollwire.envs.calculator",
-    },
-}
+#: entry point group of the built-in tasks: each names a module with ``AGENT`` (its agent's
+#: ``module:app``), ``make_tasks(n, split, seed)`` and ``warmup_conversations(n, ...)``
+TASK_GROUP = "rollwire.tasks"
 
 
 class TrainSettings(Protocol):
@@ -59,7 +51,6 @@ class TrainSettings(Protocol):
     tasks_per_step: int
     group_size: int
     temperature: float
-    max_tokens: int
     eval_size: int
     eval_k: int
     seed: int
@@ -70,12 +61,24 @@ class TrainSettings(Protocol):
     def log(self) -> Callable[[str], None]:
         """Where progress lines go."""
 
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """What the run sets on every call (the agent keeps the rest)."""
+
+
+def task_names() -> dict[str, str]:
+    """The built-in tasks: name -> module (entry points of :data:`TASK_GROUP`)."""
+    from importlib import metadata
+
+    return {ep.name: ep.value for ep in metadata.entry_points(group=TASK_GROUP)}
+
 
 def task_module(settings: TrainSettings) -> Any:
-    """The module of the built-in task (``make_tasks``, ``warmup_conversations``)."""
-    if settings.task not in TASKS:
-        raise ValueError(f"unknown task {settings.task!r}: built in are {sorted(TASKS)}")
-    return importlib.import_module(TASKS[settings.task]["module"])
+    """The module of the built-in task (``AGENT``, ``make_tasks``, ``warmup_conversations``)."""
+    names = task_names()
+    if settings.task not in names:
+        raise ValueError(f"unknown task {settings.task!r}: built in are {sorted(names)}")
+    return importlib.import_module(names[settings.task])
 
 
 def datasets(settings: TrainSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -108,12 +111,12 @@ def rollout_client(
     from rollwire.trainer.client import RolloutClient
     from rollwire.trainer.runners import LocalRunner
 
-    agent = settings.agent or TASKS[settings.task]["agent"]
+    agent = settings.agent or task_module(settings).AGENT
     return RolloutClient(
         gateway,
         runner=LocalRunner(load_app(agent)),
         group_size=settings.group_size,
-        sampling={"temperature": settings.temperature, "max_tokens": settings.max_tokens},
+        sampling=settings.sampling,
         capture=capture,
         concurrency=settings.concurrency,
         deadline=300.0,
@@ -128,8 +131,7 @@ def evaluator(
 
     def evaluate(step: int) -> EvalPoint:
         t0 = time.perf_counter()
-        sampling = {"temperature": settings.temperature, "max_tokens": settings.max_tokens}
-        result = client.evaluate(held, [sampling], k=settings.eval_k)
+        result = client.evaluate(held, [settings.sampling], k=settings.eval_k)
         return EvalPoint.from_result(step, result, time.perf_counter() - t0)
 
     return evaluate
@@ -145,7 +147,11 @@ def prepare_out(settings: TrainSettings) -> None:
     settings.out.mkdir(parents=True, exist_ok=True)
     if settings.resume:
         return
-    leftovers = [p.name for p in settings.out.iterdir() if p.name in ("checkpoints", "steps.jsonl")]
+    leftovers = [
+        p.name
+        for p in settings.out.iterdir()
+        if p.name in ("checkpoints", "steps.jsonl", "rollouts")
+    ]
     if leftovers:
         raise ValueError(
             f"{settings.out} already holds a run ({', '.join(leftovers)}): pass --resume to "

@@ -16,7 +16,11 @@ from rollwire.envs.calculator.game import (
     warmup_conversations,
 )
 
+#: the agent ``rollwire train --task calculator`` runs (it asks for its own ``max_tokens``)
+AGENT = "rollwire.envs.calculator.agent_openai:app"
+
 __all__ = [
+    "AGENT",
     "OPERATORS",
     "SPLITS",
     "answer_of",

@@ -13,8 +13,12 @@ from rollwire.envs.lockbox.game import (
     warmup_conversations,
 )
 
+#: the agent ``rollwire train --task lockbox`` runs (it asks for its own ``max_tokens``)
+AGENT = "rollwire.envs.lockbox.agent_openai:app"
+
 __all__ = [
     "ACTION",
+    "AGENT",
     "SPLITS",
     "answer_of",
     "make_tasks",
