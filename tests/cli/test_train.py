@@ -33,3 +33,23 @@ def test_train_agent_needs_its_tasks(cli: CLI, error_line: CLI, tmp_path: Path) 
     proc = cli("train", "--agent", "mod:app", cwd=tmp_path)
     assert proc.returncode == 2
     assert "--agent, --tasks and --eval-tasks go together" in error_line(proc)
+
+
+def test_a_trainers_own_options_are_parsed_against_its_declaration() -> None:
+    import typer
+
+    from rollwire.cli.train import parse_trainer_options
+    from rollwire.plugins.protocols import TrainerOption
+
+    declared = [
+        TrainerOption("--loss-fn", "loss_fn", "a", "the loss", str, ("a", "b")),
+        TrainerOption("--clip", "clip", 3.0, "a clip", float),
+        TrainerOption("--fast", "fast", False, "a switch", bool),
+    ]
+    assert parse_trainer_options("t", declared, []) == {"loss_fn": "a", "clip": 3.0, "fast": False}
+    got = parse_trainer_options("t", declared, ["--loss-fn", "b", "--clip=2.5", "--fast"])
+    assert got == {"loss_fn": "b", "clip": 2.5, "fast": True}
+    assert parse_trainer_options("t", declared, ["--no-fast"])["fast"] is False
+    for bad in (["--nope", "1"], ["--loss-fn", "c"], ["--clip", "x"], ["--clip"]):
+        with pytest.raises(typer.Exit):
+            parse_trainer_options("t", declared, bad)

@@ -323,15 +323,18 @@ def train(
     """Train the policy with GRPO on rollouts captured by the gateway (TRL in this process, a
     Tinker service, or any trainer plugin), pushing and verifying the servers' weights after
     every step; report held-out pass@1 before step 1 and after the last."""
+    if not help_trainer:
+        if (agent is None) != (tasks is None) or (agent is not None and eval_tasks is None):
+            raise fail(
+                "--agent, --tasks and --eval-tasks go together (the built-in --task needs none)"
+            )
+        if failed_rollouts not in ("baseline", "drop"):
+            raise fail(f"--failed-rollouts {failed_rollouts!r}: choose baseline or drop")
     adapter = _adapter(trainer)
     if help_trainer:
         _trainer_help(trainer, adapter)
         raise typer.Exit()
     own = parse_trainer_options(trainer, getattr(adapter, "train_options", ()), ctx.args)
-    if (agent is None) != (tasks is None) or (agent is not None and eval_tasks is None):
-        raise fail("--agent, --tasks and --eval-tasks go together (the built-in --task needs none)")
-    if failed_rollouts not in ("baseline", "drop"):
-        raise fail(f"--failed-rollouts {failed_rollouts!r}: choose baseline or drop")
     if not verbose:  # the step lines say what happens; library chatter would bury them
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         warnings.filterwarnings("ignore", category=FutureWarning)

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from starlette.responses import Response
 
 __all__ = ["GatewayError", "error_body", "error_response", "upstream_error_body"]
 
 
-def error_body(message: str, type: str = "invalid_request_error", code: str | None = None) -> bytes:
-    """``{"error": {"message", "type", "code", "param": null}}`` as JSON bytes."""
-    return orjson.dumps({"error": {"message": message, "type": type, "code": code, "param": None}})
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",
+    code: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> bytes:
+    """``{"error": {"message", "type", "code", "param": null}}`` as JSON bytes (with
+    ``"details"``, what a program may read of the error, when there are any)."""
+    error: dict[str, Any] = {"message": message, "type": type, "code": code, "param": None}
+    if details is not None:
+        error["details"] = details
+    return orjson.dumps({"error": error})
 
 
 def upstream_error_body(status: int, payload: bytes, limit: int = 500) -> bytes:
@@ -43,10 +54,11 @@ def error_response(
     type: str = "invalid_request_error",
     code: str | None = None,
     headers: dict[str, str] | None = None,
+    details: dict[str, Any] | None = None,
 ) -> Response:
     """A Starlette response carrying an OpenAI-shaped error."""
     return Response(
-        error_body(message, type, code),
+        error_body(message, type, code, details),
         status_code=status,
         media_type="application/json",
         headers=headers,
@@ -54,7 +66,8 @@ def error_response(
 
 
 class GatewayError(Exception):
-    """Raised inside handlers; turned into an OpenAI-shaped error response."""
+    """Raised inside handlers; turned into an OpenAI-shaped error response (``details``: what a
+    program may read of it, beside the message for people)."""
 
     def __init__(
         self,
@@ -62,13 +75,15 @@ class GatewayError(Exception):
         message: str,
         type: str = "invalid_request_error",
         code: str | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.code = code
+        self.details = details
 
     def response(self) -> Response:
         """This error as a response."""
-        return error_response(self.status, self.message, self.type, self.code)
+        return error_response(self.status, self.message, self.type, self.code, details=self.details)

@@ -37,10 +37,17 @@ QUARANTINE_SETTING = "gateway:quarantine:"
 #: to such a backend again; any other reason needs a person)
 UNVERIFIED_PREFIX = "unverified: "
 _MEMBER = "gateway:member:"
+#: at most this many session ids with calls in flight are named per gateway (a drain's 504)
+_NAMED = 20
 
 
 def _stamp(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def _waited(epoch: str, timeout: float, lease: float, gateways: list[Any]) -> dict[str, Any]:
+    """The ``details`` of a pause that timed out: what it waited for, on which gateway."""
+    return {"epoch": epoch, "waited_s": timeout, "lease": lease, "gateways": gateways}
 
 
 class SyncBarrier:
@@ -58,12 +65,24 @@ class SyncBarrier:
         return max(3.0, 6 * self.gw.config.shared_state_interval)
 
     async def heartbeat(self) -> None:
-        """Refresh this gateway's membership record (with its acknowledgement)."""
-        await self.gw.store.set_setting(
-            _MEMBER + self.id,
-            {"at": time.time(), "acked": self.acked, "in_flight": self.gw.in_flight},
-            ttl=self._ttl,
-        )
+        """Refresh this gateway's membership record (with its acknowledgement, and during a sync
+        the sessions whose calls it is draining, for a coordinator that waits too long)."""
+        record: dict[str, Any] = {"at": time.time(), "acked": self.acked}
+        record["in_flight"] = self.gw.in_flight
+        if self.epoch is not None and self.acked != self.epoch:
+            record["sessions"] = self.in_flight_sessions()
+        await self.gw.store.set_setting(_MEMBER + self.id, record, ttl=self._ttl)
+
+    def in_flight_sessions(self) -> list[str]:
+        """The sessions with a call in flight on this gateway (the first :data:`_NAMED` of
+        them): what a drain waits for."""
+        named: list[str] = []
+        for sid, st in self.gw.sessions.items():
+            if st.in_flight:
+                named.append(sid)
+                if len(named) == _NAMED:
+                    break
+        return named
 
     async def follow(self, current: Any) -> None:
         """One tick of following the store, given the sync epoch setting it read (the gateway's
@@ -140,12 +159,16 @@ class SyncBarrier:
         if drain:
             while not await self.gw.drained(max(0.0, min(deadline, renew_at) - time.monotonic())):
                 if time.monotonic() >= deadline:
+                    sessions = self.in_flight_sessions()
+                    waited = {"id": self.id, "in_flight": self.gw.in_flight, "sessions": sessions}
                     raise GatewayError(
                         504,
                         f"this gateway ({self.id}) still has {self.gw.in_flight} calls in flight "
-                        f"after {timeout:g} s; every gateway stays paused until the sync's lease "
-                        f"lapses ({lease:g} s) or POST /api/resume",
+                        f"after {timeout:g} s (sessions: {', '.join(sessions) or 'none named'}); "
+                        f"every gateway stays paused until the sync's lease lapses ({lease:g} s), "
+                        "POST /api/sync/end or POST /api/resume",
                         code="sync_pause_timeout",
+                        details=_waited(epoch, timeout, lease, [waited]),
                     )
                 await self.renew(epoch, lease)  # our own wait must not outlast the lease
                 renew_at = time.monotonic() + lease / 3
@@ -164,7 +187,22 @@ class SyncBarrier:
                     "gateways": sorted(k[len(_MEMBER) :] for k in members),
                 }
             if time.monotonic() > deadline:
-                raise GatewayError(504, self._late(late, timeout, lease), code="sync_pause_timeout")
+                now = time.time()
+                waited_for = [
+                    {
+                        "id": gid,
+                        "last_seen_s": round(now - float(v.get("at", 0)), 3),
+                        "in_flight": v.get("in_flight"),
+                        "sessions": list(v.get("sessions") or []),
+                    }
+                    for gid, v in sorted(late.items())
+                ]
+                raise GatewayError(
+                    504,
+                    self._late(late, timeout, lease),
+                    code="sync_pause_timeout",
+                    details=_waited(epoch, timeout, lease, waited_for),
+                )
             if time.monotonic() >= renew_at:
                 await self.renew(epoch, lease)
                 renew_at = time.monotonic() + lease / 3
@@ -174,7 +212,9 @@ class SyncBarrier:
     def _late(late: dict[str, Any], timeout: float, lease: float) -> str:
         named = ", ".join(
             f"{gid} (last seen {time.time() - float(v.get('at', 0)):.1f} s ago, "
-            f"{v.get('in_flight', '?')} calls in flight)"
+            f"{v.get('in_flight', '?')} calls in flight"
+            + (f": sessions {', '.join(v['sessions'])}" if v.get("sessions") else "")
+            + ")"
             for gid, v in sorted(late.items())
         )
         return (

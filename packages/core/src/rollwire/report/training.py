@@ -2,7 +2,8 @@
 
 It reads what the run wrote — ``steps.jsonl`` (one record per optimizer step: ``step``,
 ``reward_mean``, ``reward_std``, ``pass_rate``, ``rollout_s``, ``train_s``, ``sync_s``,
-``tokens_per_s``, ``trl`` statistics, ``eval`` when the step was evaluated) and ``summary.json``
+``tokens_per_s``, ``sampled_tokens``/``trained_tokens``, the ``trainer``'s statistics (``trl`` in
+runs before the loop was shared), ``eval`` when the step was evaluated) and ``summary.json``
 or ``baseline.json`` — and draws the reward curve, the pass rate per step beside held-out pass@1
 with its 95 % intervals, and where each step's time went. Inline SVG, nothing fetched.
 """
@@ -89,19 +90,20 @@ def _summary_table(
 def _step_table(steps: list[dict[str, Any]]) -> str:
     head = (
         "<tr><th>step</th><th>reward</th><th>pass</th><th>loss</th><th>KL behaviour</th>"
-        "<th>IS ratio</th><th>tok/s</th><th>rollout s</th><th>train s</th><th>sync s</th>"
+        "<th>IS ratio</th><th>tokens trained/sampled</th><th>tok/s</th><th>rollout s</th><th>train s</th><th>sync s</th>"
         "<th>held-out pass@1</th></tr>"
     )
     rows = []
     for s in steps:
-        t = s.get("trl", {})
+        t = s.get("trainer", s.get("trl", {}))
         ev = _interval(s["eval"]) if s.get("eval") else ""
+        tokens = f"{s.get('trained_tokens', '')}/{s.get('sampled_tokens', '')}"
         rows.append(
             f"<tr><td>{s['step']}</td><td>{s['reward_mean']:.3f} ± {s['reward_std']:.3f}</td>"
             f"<td>{s['pass_rate']:.2f}</td><td>{t.get('loss', 0.0):+.4f}</td>"
             f"<td>{t.get('kl_behaviour', 0.0):.2e}</td>"
             f"<td>{t.get('is_ratio_min', 1.0):.2f}..{t.get('is_ratio_max', 1.0):.2f}</td>"
-            f"<td>{s['tokens_per_s']:.0f}</td><td>{s['rollout_s']:.1f}</td><td>{s['train_s']:.1f}</td>"
+            f"<td>{tokens}</td><td>{s['tokens_per_s']:.0f}</td><td>{s['rollout_s']:.1f}</td><td>{s['train_s']:.1f}</td>"
             f"<td>{s['sync_s']:.2f}</td><td>{ev}</td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ __all__ = [
     "GatewayClient",
     "SessionHandle",
     "SessionInfo",
+    "server_weights_path",
 ]
 
 
@@ -58,27 +61,52 @@ class SessionInfo(BaseModel):
 
 
 class GatewayAPIError(Exception):
-    """The gateway refused a request; ``status_code``, ``code`` and ``message`` say why."""
+    """The gateway refused a request; ``status_code``, ``code`` and ``message`` say why
+    (``details``: what the error body carries for a program, e.g. what a sync's pause waited
+    for)."""
 
-    def __init__(self, status_code: int, message: str, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        code: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(f"{status_code} {code or ''}: {message}".replace("  ", " "))
         self.status_code = status_code
         self.message = message
         self.code = code
+        self.details = details
 
 
 def _check(resp: httpx.Response) -> Any:
     if resp.status_code >= 400:
-        message, code = resp.text, None
+        message, code, details = resp.text, None, None
         try:
             err = orjson.loads(resp.content)["error"]
             message, code = err.get("message", message), err.get("code")
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+            if isinstance(err.get("details"), dict):
+                details = err["details"]
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             pass
-        raise GatewayAPIError(resp.status_code, message, code)
+        raise GatewayAPIError(resp.status_code, message, code, details)
     if resp.status_code == 204 or not resp.content:
         return None
     return orjson.loads(resp.content)
+
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def server_weights_path(weights_path: str | os.PathLike[str]) -> str:
+    """``weights_path`` as a server in another working folder must read it: a relative path to
+    a folder or file that exists here becomes absolute; a URI (``tinker://…``), an absolute path
+    and a name that is no local path (a Hub id) go as they are."""
+    path = os.fspath(weights_path)
+    if _URI.match(path) or os.path.isabs(path) or not os.path.exists(path):
+        return path
+    # abspath, not resolve(): a symlinked folder keeps the name every machine mounts it under
+    return os.path.abspath(path)
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
@@ -307,10 +335,10 @@ class GatewayClient(_Base):
         epoch: str | None = None,
     ) -> dict[str, Any]:
         """``POST /api/backends/{name}/weights``: the backend loads ``weights_path`` by its
-        kind's transport and takes ``version`` as its weight version."""
-        body = _drop_none(
-            {"weights_path": weights_path, "version": version, "keep": keep, "epoch": epoch}
-        )
+        kind's transport and takes ``version`` as its weight version (a relative local path is
+        sent absolute: the server's working folder is not this process's)."""
+        path = server_weights_path(weights_path)
+        body = _drop_none({"weights_path": path, "version": version, "keep": keep, "epoch": epoch})
         return dict(
             self._req("POST", f"/api/backends/{name}/weights", json=body, timeout=timeout + 30.0)
         )

@@ -6,10 +6,15 @@ trainer needs no server's address): pause every gateway on the store and drain t
 push by each backend's transport, probe every server with a short greedy request and compare its
 log-probs with the trainer's own model, take a server that disagrees out of rotation, set the
 policy version, resume. A server is never stamped with a version it was not verified on.
+
+A server whose push or probe failed stays out of rotation as *unverified*, and the next sync
+pushes to it again; after ``max_failures`` failed syncs in a row it is quarantined for good (a
+person puts it back). A sync succeeds when at least one server was verified.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -20,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient
+from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient, server_weights_path
 
 __all__ = [
     "DEFAULT_PROBE_IDS",
@@ -46,6 +51,8 @@ SYNC_KINDS = ("vllm", "sglang", "tinker")
 #: verify (``rollwire.gateway.sync_barrier.UNVERIFIED_PREFIX``): the next sync pushes to it again
 UNVERIFIED_PREFIX = "unverified: "
 
+log = logging.getLogger("rollwire.weight_sync")
+
 
 class WeightSyncError(RuntimeError):
     """A sync (or the start-up check) failed; :attr:`report` says what each server did."""
@@ -70,6 +77,13 @@ class BackendSync:
     #: the largest |server log-prob - trainer log-prob| over the probe's tokens
     max_abs_diff: float | None = None
     probe_ids: list[int] = field(default_factory=list)
+    #: it was out of rotation as unverified when the sync began (an earlier sync failed on it,
+    #: or was abandoned after pushing to it): this sync pushed to it again
+    retried: bool = False
+    #: failed syncs in a row for this server, this one included (0: verified)
+    failures: int = 0
+    #: this sync's failure was its ``max_failures``-th in a row: quarantined for good
+    quarantined: bool = False
 
 
 @dataclass
@@ -95,6 +109,16 @@ class SyncReport:
         return [b for b in self.backends if not b.verified]
 
     @property
+    def retried(self) -> list[BackendSync]:
+        """The servers an earlier sync left out of rotation as unverified, pushed to again."""
+        return [b for b in self.backends if b.retried]
+
+    @property
+    def quarantined(self) -> list[BackendSync]:
+        """The servers this sync quarantined for good (``max_failures`` failed syncs in a row)."""
+        return [b for b in self.backends if b.quarantined]
+
+    @property
     def total_seconds(self) -> float:
         """Pause + push + verify + resume."""
         return self.pause_seconds + self.push_seconds + self.verify_seconds + self.resume_seconds
@@ -108,6 +132,8 @@ class SyncReport:
             "sync/resume_s": self.resume_seconds,
             "sync/servers_verified": float(len(self.backends) - len(self.failed)),
             "sync/servers_failed": float(len(self.failed)),
+            "sync/servers_retried": float(len(self.retried)),
+            "sync/servers_quarantined": float(len(self.quarantined)),
             "sync/probe_max_abs_diff": max(
                 (b.max_abs_diff for b in self.backends if b.max_abs_diff is not None),
                 default=0.0,
@@ -122,9 +148,11 @@ class WeightSync:
     ``verify=False`` only: then a server that answers the probe counts as verified).
     ``tolerance`` bounds the largest per-token log-prob difference a verified server may show.
     ``mode="keep"`` lets calls in flight continue across the push (vLLM ``pause?mode=keep``;
-    their tokens carry two versions) instead of draining them first. The pause is a ``lease``
-    (seconds) the sync renews while it runs: if this process dies, the gateways resume by
-    themselves after it, with the servers it pushed to out of rotation.
+    their tokens carry two versions) instead of draining them first (``pause_timeout`` bounds
+    the drain). The pause is a ``lease`` (seconds) the sync renews while it runs: if this
+    process dies, the gateways resume by themselves after it, with the servers it pushed to out
+    of rotation. A server that fails ``max_failures`` syncs in a row is quarantined for good;
+    until then each sync pushes to it again.
     """
 
     def __init__(
@@ -141,9 +169,12 @@ class WeightSync:
         pause_timeout: float = 120.0,
         push_timeout: float = 600.0,
         lease: float = 60.0,
+        max_failures: int = 3,
     ) -> None:
         if mode not in ("drain", "keep"):
             raise ValueError(f"mode must be 'drain' or 'keep', got {mode!r}")
+        if max_failures < 1:
+            raise ValueError(f"max_failures must be at least 1, got {max_failures!r}")
         if verify and reference is None:
             raise ValueError(
                 "WeightSync needs a reference (the trainer's model scoring the probe's tokens, "
@@ -162,7 +193,10 @@ class WeightSync:
         self.pause_timeout = pause_timeout
         self.push_timeout = push_timeout
         self.lease = lease
+        self.max_failures = max_failures
         self.history: list[SyncReport] = []
+        #: failed syncs in a row, per backend name (a verified sync forgets it)
+        self.failures: dict[str, int] = {}
 
     # ------------------------------------------------------------------ public
     def backends(self) -> list[dict[str, Any]]:
@@ -204,6 +238,8 @@ class WeightSync:
             report.backends.append(entry)
             try:
                 self._verify(entry, reference or self.reference)
+                if not entry.verified:  # at start-up, a set-up error: out until a person fixes it
+                    self._quarantine(entry, entry.error or "the start-up check failed")
             except httpx.TransportError as exc:
                 raise self._gateway_gone(report, "start-up check", exc) from exc
         report.verify_seconds = time.perf_counter() - t0
@@ -219,11 +255,13 @@ class WeightSync:
         reference: Reference | None = None,
         seq: int | None = None,
     ) -> SyncReport:
-        """Push ``weights_path`` (a Hugging Face folder every server can read), verify, stamp
-        ``version`` (with ordinal ``seq``, e.g. the trainer's step; default: one more than the
-        last, which ``max_staleness`` counts in). Raises :class:`WeightSyncError` naming every
-        server that failed, or the gateway if it stopped answering."""
+        """Push ``weights_path`` (a Hugging Face folder every server can read; a relative one is
+        sent absolute), verify, stamp ``version`` (with ordinal ``seq``, e.g. the trainer's step;
+        default: one more than the last, which ``max_staleness`` counts in) on the servers
+        verified. A server that failed is left out of rotation (logged, and in the report); raises
+        :class:`WeightSyncError` when no server was verified, or the gateway stopped answering."""
         targets = self.backends()
+        path = server_weights_path(weights_path)
         report = SyncReport(version=str(version))
         self.history.append(report)
         t0 = time.perf_counter()
@@ -235,9 +273,11 @@ class WeightSync:
         step = "push"
         try:
             for b in targets:
-                entry = BackendSync(name=b["name"], url=b["url"], kind=b["kind"])
+                entry = BackendSync(
+                    name=b["name"], url=b["url"], kind=b["kind"], retried=_unverified(b)
+                )
                 report.backends.append(entry)
-                self._push(entry, str(weights_path), str(version), str(report.epoch))
+                self._push(entry, path, str(version), str(report.epoch))
             t2 = time.perf_counter()
             report.push_seconds = t2 - t1
             step = "verification"
@@ -249,6 +289,8 @@ class WeightSync:
             step = "end (stamping the version and resuming)"
             if lease.lost is not None:
                 raise _EpochOver(lease.lost)
+            for entry in report.backends:
+                self._count(entry, report)
             if any(e.verified for e in report.backends):
                 self._end(report, seq)
             report.resume_seconds = time.perf_counter() - t3
@@ -266,7 +308,7 @@ class WeightSync:
             ) from exc
         finally:
             lease.stop()
-        self._fail_if_any(report, f"sync to {version!r}")
+        self._fail_if_none(report, f"sync to {version!r}")
         return report
 
     def _begin(self, report: SyncReport) -> None:
@@ -276,6 +318,10 @@ class WeightSync:
             )
         except httpx.TransportError as exc:
             raise self._gateway_gone(report, f"sync to {report.version!r}", exc, "pause") from exc
+        except GatewayAPIError as exc:
+            if exc.code == "sync_pause_timeout":
+                raise self._pause_timed_out(report, exc) from exc
+            raise
         report.epoch = str(began["epoch"])
         took_over = began.get("took_over")
         report.took_over = took_over.get("epoch") if isinstance(took_over, dict) else None
@@ -289,6 +335,43 @@ class WeightSync:
                 raise _EpochOver(exc.message) from exc
             raise
         report.resumed = True
+
+    def _pause_timed_out(self, report: SyncReport, exc: GatewayAPIError) -> WeightSyncError:
+        """The 504 of a pause that waited ``pause_timeout`` in vain, as a WeightSyncError that
+        says what it waited for; the pause is ended at once (nothing was pushed yet)."""
+        details = exc.details or {}
+        waited = details.get("waited_s", self.pause_timeout)
+        report.epoch = details.get("epoch")
+        lines = []
+        for g in details.get("gateways") or []:
+            seen = g.get("last_seen_s")
+            line = f"  gateway {g.get('id')}: {g.get('in_flight', '?')} calls in flight"
+            if g.get("sessions"):
+                line += f" (sessions {', '.join(str(s) for s in g['sessions'])})"
+            if seen is not None:
+                line += f", last seen {float(seen):.1f} s ago"
+            lines.append(line)
+        state = "every gateway stays paused (calls wait) until the sync's lease lapses"
+        if report.epoch is not None:
+            try:
+                self.gateway.sync_end(version=None, epoch=report.epoch)
+                report.resumed = True
+                state = "the gateways were resumed on the old weights, under the old version"
+            except (GatewayAPIError, httpx.TransportError) as end_exc:
+                state += f" ({self.lease:g} s; ending it failed: {end_exc})"
+        waited_for = (
+            "It waited for:\n" + "\n".join(lines) if lines else f"The gateway said: {exc.message}"
+        )
+        return WeightSyncError(
+            f"sync to {report.version!r}: the pause waited {float(waited):g} s (pause_timeout) "
+            "and not every gateway had drained its calls and acknowledged it; nothing was pushed "
+            f"or stamped, and {state}. Give the calls in flight longer "
+            "(WeightSync(pause_timeout=...) above your longest model call), or sync with "
+            "WeightSync(mode='keep'), which lets calls in flight go on across the push (their "
+            "tokens labelled per version); a gateway last seen long ago has stopped heartbeating "
+            f"and is dropped once its record expires. {waited_for}",
+            report,
+        )
 
     def _gateway_gone(
         self, report: SyncReport, what: str, exc: Exception, step: str = "verification"
@@ -327,9 +410,9 @@ class WeightSync:
         except GatewayAPIError as exc:
             if exc.code == "sync_epoch_over":
                 raise _EpochOver(exc.message) from exc
-            # the server's state is unknown now: out of rotation
+            # the server's state is unknown now: out of rotation (the gateway took it out before
+            # the push; _count gives it the failure's reason before the sync ends)
             entry.error = f"push failed: {exc}"
-            self._quarantine(entry)
         entry.push_seconds = time.perf_counter() - t0
 
     def _verify(self, entry: BackendSync, reference: Reference | None) -> None:
@@ -340,7 +423,6 @@ class WeightSync:
             )
         except GatewayAPIError as exc:
             entry.error = f"probe failed: {exc}"
-            self._quarantine(entry)
             entry.probe_seconds = time.perf_counter() - t0
             return
         ids = [int(t) for t in answer["completion_ids"]]
@@ -352,7 +434,6 @@ class WeightSync:
                 entry.error = (
                     f"the reference scored {len(expected)} tokens for a probe of {len(served)}"
                 )
-                self._quarantine(entry)
                 entry.probe_seconds = time.perf_counter() - t0
                 return
             diffs = [abs(a - b) for a, b in zip(served, expected, strict=True)]
@@ -363,22 +444,68 @@ class WeightSync:
                     f"{entry.max_abs_diff:.3g} (tolerance {self.tolerance:g}) on the probe "
                     f"{self.probe_ids} -> {ids}: served {_fmt(served)}, trainer {_fmt(expected)}"
                 )
-                self._quarantine(entry)
                 entry.probe_seconds = time.perf_counter() - t0
                 return
         entry.verified = True
         entry.probe_seconds = time.perf_counter() - t0
 
-    def _quarantine(self, entry: BackendSync) -> None:
+    def _count(self, entry: BackendSync, report: SyncReport) -> None:
+        """Count this sync's outcome for ``entry``'s server: verified forgets its failures; a
+        failure leaves it out of rotation as unverified (the next sync pushes to it again), or,
+        at ``max_failures`` in a row, quarantined for good."""
+        if entry.verified:
+            self.failures.pop(entry.name, None)
+            return
+        entry.failures = self.failures.get(entry.name, 0) + 1
+        self.failures[entry.name] = entry.failures
+        error = entry.error or "weight sync failed"
+        if entry.failures >= self.max_failures:
+            entry.quarantined = True
+            reason = (
+                f"quarantined: {entry.failures} weight syncs in a row failed on this server "
+                f"(WeightSync max_failures={self.max_failures}), the last to version "
+                f"{report.version!r}: {error}. Fix it, then DELETE "
+                f"/api/backends/{entry.name}/quarantine: it serves what it holds until the next "
+                "sync pushes to it"
+            )
+            log.error("backend %s (%s) quarantined for good: %s", entry.name, entry.url, reason)
+        else:
+            # a reason the gateway's release at the sync's end does not match (it looks for
+            # "unverified: weight sync <epoch> "), and WeightSync.backends() retries
+            reason = (
+                f"{UNVERIFIED_PREFIX}failed weight sync to version {report.version!r} "
+                f"({entry.failures} of {self.max_failures} in a row before it is quarantined "
+                f"for good): {error}. The next WeightSync.sync pushes to it again"
+            )
+        self._quarantine(entry, reason)
+
+    def _quarantine(self, entry: BackendSync, reason: str) -> None:
         try:
-            self.gateway.quarantine_backend(entry.name, reason=entry.error or "weight sync failed")
+            self.gateway.quarantine_backend(entry.name, reason=reason)
         except GatewayAPIError as exc:
             entry.error = f"{entry.error}; taking it out of rotation failed too: {exc}"
+
+    def _fail_if_none(self, report: SyncReport, what: str) -> None:
+        """Raise when no server was verified; otherwise warn of each one that failed (the sync
+        goes on, on the verified servers)."""
+        if not report.failed:
+            return
+        if report.resumed:
+            log.warning(
+                "%s: %d of %d servers failed and are out of rotation; the gateway resumed on "
+                "the verified servers:\n%s",
+                what,
+                len(report.failed),
+                len(report.backends),
+                "\n".join(_failure_line(b, self.max_failures) for b in report.failed),
+            )
+            return
+        self._fail_if_any(report, what)
 
     def _fail_if_any(self, report: SyncReport, what: str) -> None:
         if not report.failed:
             return
-        lines = [f"  {b.name} ({b.url}): {b.error}" for b in report.failed]
+        lines = [_failure_line(b, self.max_failures) for b in report.failed]
         state = (
             "the gateway resumed on the verified servers"
             if report.resumed
@@ -430,6 +557,16 @@ class _LeaseKeeper(threading.Thread):
 def _unverified(backend: dict[str, Any]) -> bool:
     reason = backend.get("quarantined")
     return isinstance(reason, str) and reason.startswith(UNVERIFIED_PREFIX)
+
+
+def _failure_line(b: BackendSync, max_failures: int) -> str:
+    if b.quarantined:
+        fate = f"quarantined for good after {b.failures} failed syncs in a row"
+    elif b.failures:
+        fate = f"failure {b.failures} of {max_failures}, the next sync pushes to it again"
+    else:
+        fate = "out of rotation"
+    return f"  {b.name} ({b.url}): {b.error} [{fate}]"
 
 
 def _fmt(values: Sequence[float]) -> str:
