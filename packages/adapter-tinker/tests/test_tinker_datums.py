@@ -15,6 +15,7 @@ from rollwire.data.protocol import Group
 from rollwire.data.trajectory import build_rows
 from rollwire.testing import (
     TrainerAdapterConformance,
+    TrainerLoopConformance,
     merged_rollout,
     sample_batch,
     single_turn_rollout,
@@ -26,6 +27,12 @@ class TestTinkerConformance(TrainerAdapterConformance):
     #: a datum has tokens, log-probs and advantages only: MoE routing cannot travel in it
     exports_routed_experts = False
 
+    @pytest.fixture
+    def adapter(self) -> Any:
+        return rollwire_tinker.adapter
+
+
+class TestTinkerLoopConformance(TrainerLoopConformance):
     @pytest.fixture
     def adapter(self) -> Any:
         return rollwire_tinker.adapter
@@ -67,13 +74,15 @@ def test_merged_rollout_masks_the_tool_tokens() -> None:
 
 def test_grpo_advantages_within_each_group() -> None:
     adv = group_advantages(
-        {"a": 1.0, "b": 0.0, "c": 0.5, "x": 3.0}, {"a": "g", "b": "g", "c": "g", "x": None}
+        {"a": 1.0, "b": 0.0, "c": 0.5, "x": 3.0},
+        {"a": "g", "b": "g", "c": "g", "x": None},
+        scale=False,
     )
     assert adv == pytest.approx({"a": 0.5, "b": -0.5, "c": 0.0, "x": 0.0})
+    # scaled by the group's sample standard deviation (TRL's GRPO), the loop's default
     scaled = group_advantages({"a": 1.0, "b": 0.0}, {"a": "g", "b": "g"}, scale=True)
-    assert scaled["a"] == pytest.approx(1.0, rel=1e-4) and scaled["b"] == pytest.approx(
-        -1.0, rel=1e-4
-    )
+    assert scaled["a"] == pytest.approx(0.5 / np.std([1.0, 0.0], ddof=1), rel=1e-3)
+    assert scaled["b"] == pytest.approx(-scaled["a"])
 
 
 def test_token_advantages_override_and_bad_lengths_are_refused() -> None:
@@ -124,11 +133,13 @@ def test_forward_backward_request_validates_in_the_sdk(loss_fn: str) -> None:
 def test_ratio_stats_compare_trainer_and_behaviour_logprobs() -> None:
     datums = to_datums(sample_batch()).datums
     same = ratio_stats(datums, [d.logprobs for d in datums], "ppo", (0.8, 1.2))
-    assert same["ratio_mean"] == pytest.approx(1.0) and same["kl_behaviour"] == pytest.approx(0.0)
-    assert same["clip_fraction"] == 0.0
+    assert same["is_ratio_mean"] == pytest.approx(1.0)
+    assert same["kl_behaviour"] == pytest.approx(0.0) and same["clip_ratio"] == 0.0
     shifted = ratio_stats(datums, [d.logprobs + 0.5 for d in datums], "ppo", (0.8, 1.2))
-    assert shifted["ratio_min"] == pytest.approx(np.exp(0.5), rel=1e-5)
-    assert shifted["clip_fraction"] == 1.0 and shifted["kl_behaviour"] == pytest.approx(-0.5)
+    assert shifted["is_ratio_min"] == pytest.approx(np.exp(0.5), rel=1e-5)
+    # k3, as every trainer's: exp(d) - d - 1 with d = trainer - behaviour
+    assert shifted["clip_ratio"] == 1.0
+    assert shifted["kl_behaviour"] == pytest.approx(np.exp(0.5) - 1.5, rel=1e-5)
 
 
 def test_export_round_trips_through_flatten(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ an embedded engine + gateway + lockbox agent behind a RolloutClient."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,3 +59,32 @@ def serving(trl: ModuleType, base_model: Path) -> Iterator[dict[str, Any]]:
             yield {"engine": engine, "gateway": gateway, "client": client}
         finally:
             client.close()
+
+
+#: runs ``rollwire train ARGS`` in a subprocess of this venv; returns it once it exited 0
+TrainCLI = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="session")
+def train_cli() -> TrainCLI:
+    """``train_cli(*args, cwd=None, env=None, timeout=2300)``: ``rollwire train`` with ``args``,
+    asserted to exit 0 without a traceback (its output in the failure message)."""
+    rollwire = str(Path(sys.executable).with_name("rollwire"))
+
+    def run(
+        *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 2300
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+        proc = subprocess.run(
+            [rollwire, "train", "--no-progress", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        assert "Traceback" not in proc.stdout + proc.stderr
+        return proc
+
+    return run

@@ -16,9 +16,6 @@ the warm-up already taught, fails it too.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,19 +28,9 @@ MARGIN = 0.25
 STEPS = 40
 #: the whole run (TRL's import, warm-up, two evaluations, 40 steps) on a loaded 2-core machine
 pytestmark = pytest.mark.timeout(2400)
-ROLLWIRE = str(Path(sys.executable).with_name("rollwire"))
-
-
-def _train(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    args = [
-        ROLLWIRE, "train", "--out", str(out), "--seed", "0", "--eval-size", "32", "--eval-k", "4",
-        "--eval-every", "0", "--save-every", "10", "--threads", "1", "--no-progress", *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=2300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "Traceback" not in proc.stdout + proc.stderr
-    return proc
+#: the run's options besides --steps (the learning margin above was measured with them)
+OPTIONS = ("--seed", "0", "--eval-size", "32", "--eval-k", "4", "--eval-every", "0",
+           "--save-every", "10", "--threads", "1")  # fmt: skip
 
 
 def _steps(out: Path) -> list[dict[str, Any]]:
@@ -51,9 +38,11 @@ def _steps(out: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def run(trl: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def run(
+    trl: ModuleType, train_cli: Any, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("train") / "run"
-    proc = _train(out, "--steps", str(STEPS))
+    proc = train_cli("--out", str(out), *OPTIONS, "--steps", str(STEPS))
     return out, proc.stdout
 
 
@@ -113,10 +102,10 @@ def test_the_trained_policy_is_a_folder_the_engine_and_transformers_load(
     assert (out / "checkpoints" / f"step-{STEPS}" / "optimizer.pt").is_file()
 
 
-def test_resume_continues_from_the_newest_checkpoint(run: tuple[Path, str]) -> None:
+def test_resume_continues_from_the_newest_checkpoint(run: tuple[Path, str], train_cli: Any) -> None:
     out, _ = run
     baseline = (out / "baseline.json").read_bytes()
-    proc = _train(out, "--steps", str(STEPS + 2), "--resume")
+    proc = train_cli("--out", str(out), *OPTIONS, "--steps", str(STEPS + 2), "--resume")
     assert "baseline before step 1" not in proc.stdout  # measured once, kept
     assert (out / "baseline.json").read_bytes() == baseline
     steps = _steps(out)

@@ -6,8 +6,6 @@ same with LoRA (``--lora-rank 8``), resumed."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,19 +17,14 @@ import pytest
 pytestmark = pytest.mark.timeout(1200)
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "own_agent"
-ROLLWIRE = str(Path(sys.executable).with_name("rollwire"))
+#: small steps: 2 tasks x 4 rollouts
+OPTIONS = ("--seed", "0", "--tasks-per-step", "2", "--group-size", "4", "--eval-k", "1",
+           "--eval-every", "0")  # fmt: skip
 
 
-def _train(cwd: Path, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    args = [
-        ROLLWIRE, "train", "--out", out, "--seed", "0", "--tasks-per-step", "2",
-        "--group-size", "4", "--eval-k", "1", "--eval-every", "0", "--no-progress", *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(EXAMPLE)}
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env, timeout=1100)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "Traceback" not in proc.stdout + proc.stderr
-    return proc
+def _train(train_cli: Any, cwd: Path, out: str, *extra: str) -> Any:
+    env = {"PYTHONPATH": str(EXAMPLE)}
+    return train_cli("--out", out, *OPTIONS, *extra, cwd=cwd, env=env, timeout=1100)
 
 
 def _steps(out: Path) -> list[dict[str, Any]]:
@@ -39,7 +32,9 @@ def _steps(out: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def own_agent_run(trl: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def own_agent_run(
+    trl: ModuleType, train_cli: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     sys.path.insert(0, str(EXAMPLE))
     try:
         import make_tasks
@@ -48,7 +43,7 @@ def own_agent_run(trl: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
     cwd = tmp_path_factory.mktemp("own")
     make_tasks.write(cwd)
     _train(
-        cwd, "run", "--agent", "notes_agent:app", "--tasks", "tasks.jsonl",
+        train_cli, cwd, "run", "--agent", "notes_agent:app", "--tasks", "tasks.jsonl",
         "--eval-tasks", "heldout.jsonl", "--steps", "2", "--warmup-steps", "0",
     )  # fmt: skip
     return cwd / "run"
@@ -82,11 +77,11 @@ def test_the_agent_keeps_its_own_max_tokens(own_agent_run: Path) -> None:
 
 
 def test_lora_on_the_default_engine_syncs_verified_and_resumes(
-    trl: ModuleType, tmp_path: Path
+    trl: ModuleType, train_cli: Any, tmp_path: Path
 ) -> None:
     common = ("--lora-rank", "8", "--warmup-steps", "10", "--eval-size", "4", "--save-every", "1")
-    _train(tmp_path, "lora", "--steps", "2", *common)
-    _train(tmp_path, "lora", "--steps", "3", "--resume", *common)
+    _train(train_cli, tmp_path, "lora", "--steps", "2", *common)
+    _train(train_cli, tmp_path, "lora", "--steps", "3", "--resume", *common)
     steps = _steps(tmp_path / "lora")
     assert [s["step"] for s in steps] == [1, 2, 3]
     for s in steps:

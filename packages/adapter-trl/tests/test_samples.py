@@ -16,13 +16,21 @@ from rollwire.data.protocol import Group, Rollout
 from rollwire.data.trajectory import build_rows
 from rollwire.testing import (
     TrainerAdapterConformance,
+    TrainerLoopConformance,
     failed_rollout,
     forked_rollout,
     merged_rollout,
     sample_batch,
+    side_call_rollout,
     single_turn_rollout,
 )
 from rollwire_trl import to_rollout_output
+
+
+class TestTrlLoopConformance(TrainerLoopConformance):
+    @pytest.fixture
+    def adapter(self) -> Any:
+        return rollwire_trl.adapter
 
 
 class TestTrlConformance(TrainerAdapterConformance):
@@ -81,6 +89,17 @@ def test_forked_rollout_trains_on_its_last_row_and_counts_the_rest() -> None:
     assert report.forked == 1
     assert report.forked_tokens_dropped == int(rows[0].loss_mask.sum()) > 0
     assert out["rollwire_reward"] == [rollout.reward]
+
+
+def test_a_side_call_mid_rollout_is_not_taken_for_the_final_answer() -> None:
+    # rows are in the order they were opened: the side call's row comes after the main one,
+    # but the final answer continues the main conversation
+    rollout = side_call_rollout("s", "g")
+    rows = build_rows([rollout])
+    assert len(rows) == 2 and rollout.calls[2].call_id in rows[0].call_ids
+    out, report = to_rollout_output([rollout], multi_row="last", return_report=True)
+    np.testing.assert_array_equal(out["completion_ids"][0], rows[0].response_ids)
+    assert report.forked_tokens_dropped == 1  # the side call's one token
 
 
 def test_multi_turn_row_masks_the_observations_between_calls() -> None:

@@ -132,8 +132,12 @@ def test_each_datum_is_the_row_it_came_from_field_by_field(
 
 def test_the_cli_refuses_tinker_options_with_trl_and_the_reverse(tmp_path: Path) -> None:
     runner = CliRunner()
-    res = runner.invoke(app, ["train", "--out", str(tmp_path / "a"), "--base-url", "http://x"])
-    assert res.exit_code != 0 and "no such option '--base-url' for --trainer trl" in res.output
+    # another trainer's option (TRL's) is refused by name, with the trainer's own listed
+    args = ["train", "--trainer", "tinker", "--out", str(tmp_path / "a"), "--importance-sampling"]
+    res = runner.invoke(app, [*args, "off"])
+    assert res.exit_code != 0
+    assert "no such option '--importance-sampling' for --trainer tinker" in res.output
+    assert "--loss-fn" in res.output
     res = runner.invoke(
         app, ["train", "--trainer", "tinker", "--out", str(tmp_path / "b"), "--base-model", "m"]
     )
