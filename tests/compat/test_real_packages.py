@@ -48,7 +48,10 @@ def sagemaker_env() -> dict[str, str]:
     if not (SAGEMAKER_SITE / "sagemaker" / "train" / "rft").is_dir():
         if os.environ.get("ROLLWIRE_REQUIRE_SAGEMAKER"):
             pytest.fail(f"sagemaker-train is not installed in {SAGEMAKER_SITE} (see .ci/run)")
-        pytest.skip(f"sagemaker-train is not installed in {SAGEMAKER_SITE} (see .ci/run)")
+        pytest.skip(
+            f"needs sagemaker-train in {SAGEMAKER_SITE}: install it with the `uv pip install "
+            "--target .venv-sagemaker` line of .ci/run"
+        )
     path = os.pathsep.join(p for p in (str(SAGEMAKER_SITE), os.environ.get("PYTHONPATH")) if p)
     return {**FAKE_AWS, "PYTHONPATH": path}
 

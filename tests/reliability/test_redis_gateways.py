@@ -104,7 +104,9 @@ def test_pause_and_policy_version_are_shared(
         assert call.policy_version == "step-7"
 
 
+@pytest.mark.usefixtures("redis_server")  # its skip, or error under ROLLWIRE_REQUIRE_REDIS=1
 def test_redis_outage_is_503_then_recovers(null_url: str) -> None:
+    # a server of its own: this test kills it
     with (
         RedisServer() as server,
         serve_in_thread(backends=[(null_url, "vllm")], store=server.url, admin_key="k") as gw,

@@ -91,7 +91,9 @@ async def test_concurrent_writers_one_session(redis_server: RedisServer, prefix:
             await s.close()
 
 
+@pytest.mark.usefixtures("redis_server")  # its skip, or error under ROLLWIRE_REQUIRE_REDIS=1
 async def test_outage_is_store_unavailable_then_recovers(prefix: str) -> None:
+    # a server of its own: this test kills it
     with RedisServer() as server:
         store = RedisStore(server.url, prefix=prefix)
         try:

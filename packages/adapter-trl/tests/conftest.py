@@ -23,7 +23,11 @@ def trl() -> ModuleType:
         import trl as module
 
         return module
-    return pytest.importorskip("trl", reason="TRL runs in .venv-trl (ci/run-tests.sh)")
+    return pytest.importorskip(
+        "trl",
+        reason="needs torch and TRL: bash packages/adapter-trl/ci/setup-venv.sh, then "
+        "packages/adapter-trl/ci/run-tests.sh",
+    )
 
 
 @pytest.fixture(scope="session")

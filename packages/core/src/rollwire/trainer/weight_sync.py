@@ -19,13 +19,13 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient, server_weights_path
+from rollwire.trainer.sync_report import BackendSync, SyncReport, WeightSyncError, failure_line
 
 __all__ = [
     "DEFAULT_PROBE_IDS",
@@ -52,93 +52,6 @@ SYNC_KINDS = ("vllm", "sglang", "tinker")
 UNVERIFIED_PREFIX = "unverified: "
 
 log = logging.getLogger("rollwire.weight_sync")
-
-
-class WeightSyncError(RuntimeError):
-    """A sync (or the start-up check) failed; :attr:`report` says what each server did."""
-
-    def __init__(self, message: str, report: SyncReport) -> None:
-        super().__init__(message)
-        self.report = report
-
-
-@dataclass
-class BackendSync:
-    """What one server did in one sync: pushed, probed, verified (or why not)."""
-
-    name: str
-    url: str
-    kind: str
-    pushed: bool = False
-    verified: bool = False
-    error: str | None = None
-    push_seconds: float = 0.0
-    probe_seconds: float = 0.0
-    #: the largest |server log-prob - trainer log-prob| over the probe's tokens
-    max_abs_diff: float | None = None
-    probe_ids: list[int] = field(default_factory=list)
-    #: it was out of rotation as unverified when the sync began (an earlier sync failed on it,
-    #: or was abandoned after pushing to it): this sync pushed to it again
-    retried: bool = False
-    #: failed syncs in a row for this server, this one included (0: verified)
-    failures: int = 0
-    #: this sync's failure was its ``max_failures``-th in a row: quarantined for good
-    quarantined: bool = False
-
-
-@dataclass
-class SyncReport:
-    """One sync: the version, each server's outcome and the time split."""
-
-    version: str | None
-    backends: list[BackendSync] = field(default_factory=list)
-    gateways: list[str] = field(default_factory=list)
-    #: the sync's pause in the store (its lease is renewed while the sync runs)
-    epoch: str | None = None
-    #: the epoch of an earlier sync this one took over (its trainer died mid-sync)
-    took_over: str | None = None
-    pause_seconds: float = 0.0
-    push_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    resume_seconds: float = 0.0
-    resumed: bool = False
-
-    @property
-    def failed(self) -> list[BackendSync]:
-        """The servers that were not verified (taken out of rotation)."""
-        return [b for b in self.backends if not b.verified]
-
-    @property
-    def retried(self) -> list[BackendSync]:
-        """The servers an earlier sync left out of rotation as unverified, pushed to again."""
-        return [b for b in self.backends if b.retried]
-
-    @property
-    def quarantined(self) -> list[BackendSync]:
-        """The servers this sync quarantined for good (``max_failures`` failed syncs in a row)."""
-        return [b for b in self.backends if b.quarantined]
-
-    @property
-    def total_seconds(self) -> float:
-        """Pause + push + verify + resume."""
-        return self.pause_seconds + self.push_seconds + self.verify_seconds + self.resume_seconds
-
-    def summary(self) -> dict[str, Any]:
-        """Numbers for a metrics sink."""
-        return {
-            "sync/pause_s": self.pause_seconds,
-            "sync/push_s": self.push_seconds,
-            "sync/verify_s": self.verify_seconds,
-            "sync/resume_s": self.resume_seconds,
-            "sync/servers_verified": float(len(self.backends) - len(self.failed)),
-            "sync/servers_failed": float(len(self.failed)),
-            "sync/servers_retried": float(len(self.retried)),
-            "sync/servers_quarantined": float(len(self.quarantined)),
-            "sync/probe_max_abs_diff": max(
-                (b.max_abs_diff for b in self.backends if b.max_abs_diff is not None),
-                default=0.0,
-            ),
-        }
 
 
 class WeightSync:
@@ -497,7 +410,7 @@ class WeightSync:
                 what,
                 len(report.failed),
                 len(report.backends),
-                "\n".join(_failure_line(b, self.max_failures) for b in report.failed),
+                "\n".join(failure_line(b, self.max_failures) for b in report.failed),
             )
             return
         self._fail_if_any(report, what)
@@ -505,7 +418,7 @@ class WeightSync:
     def _fail_if_any(self, report: SyncReport, what: str) -> None:
         if not report.failed:
             return
-        lines = [_failure_line(b, self.max_failures) for b in report.failed]
+        lines = [failure_line(b, self.max_failures) for b in report.failed]
         state = (
             "the gateway resumed on the verified servers"
             if report.resumed
@@ -557,16 +470,6 @@ class _LeaseKeeper(threading.Thread):
 def _unverified(backend: dict[str, Any]) -> bool:
     reason = backend.get("quarantined")
     return isinstance(reason, str) and reason.startswith(UNVERIFIED_PREFIX)
-
-
-def _failure_line(b: BackendSync, max_failures: int) -> str:
-    if b.quarantined:
-        fate = f"quarantined for good after {b.failures} failed syncs in a row"
-    elif b.failures:
-        fate = f"failure {b.failures} of {max_failures}, the next sync pushes to it again"
-    else:
-        fate = "out of rotation"
-    return f"  {b.name} ({b.url}): {b.error} [{fate}]"
 
 
 def _fmt(values: Sequence[float]) -> str:
