@@ -210,6 +210,31 @@ def _option_row(param: Any) -> str:
     )
 
 
+def _trainer_options() -> list[str]:
+    """Each installed trainer plugin's own ``rollwire train`` options (``--help-trainer``)."""
+    from rollwire.plugins import discover, load_trainer
+
+    out: list[str] = []
+    for info in discover("trainers"):
+        if info.status != "ok" or info.name.startswith("fixture-"):
+            continue
+        declared = getattr(load_trainer(info.name), "train_options", ())
+        if not declared:
+            continue
+        out += [
+            f"Options of `--trainer {info.name}` ({info.distribution}; after the shared ones):",
+            "",
+            "| option | default | meaning |",
+            "|---|---|---|",
+        ]
+        for o in declared:
+            choices = f" ({', '.join(map(str, o.choices))})" if o.choices else ""
+            default = "" if o.default is None else f"`{o.default}`"
+            out.append(f"| `{o.flag}` | {default} | {_cell(o.help + choices)} |")
+        out.append("")
+    return out
+
+
 def render(app: Any = None) -> str:
     """The reference page for ``app`` (the ``rollwire`` typer app by default), as Markdown."""
     import typer
@@ -246,6 +271,8 @@ def render(app: Any = None) -> str:
         if getattr(command, "commands", None):
             subs = ", ".join(f"`{s}`" for s in sorted(command.commands))
             out += [f"Subcommands: {subs}.", ""]
+        if path == ("rollwire", "train"):
+            out += _trainer_options()
     out += [
         "## Environment variables",
         "",
