@@ -13,7 +13,8 @@ VERL_VERSION="0.9.1"
 
 # verl goes in with --no-deps: its metadata pulls wandb, tensorboard, accelerate, ... that
 # DataProto, the agent-loop module, core_algos and the PPO trainer's functions do not import. What
-# they do import on CPU is listed here, within verl 0.9.1's own pins (tensordict <=0.10,
+# they do import on CPU is listed here (the same list runs verl's actor worker and FSDP engine
+# in-process for rollwire train --trainer verl), within verl 0.9.1's own pins (tensordict <=0.10,
 # transformers <5.11); torchdata and peft are what verl.trainer.ppo.ray_trainer needs on import.
 RUNTIME_DEPS=(
   "tensordict>=0.8,!=0.9.0,<=0.10.0" "transformers>=5.5.3,!=5.6.0,<5.11" "ray" "omegaconf"
@@ -34,6 +35,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa
 from verl.trainer.ppo.ray_trainer import compute_advantage, compute_response_mask  # noqa
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty, RayPPOTrainer  # noqa
+# rollwire train --trainer verl: verl's actor worker and its FSDP engine, in-process on the CPU
+from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa
 import pytest, pytest_asyncio, pytest_timeout, xdist, hypothesis  # noqa
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa
 PY

@@ -22,6 +22,7 @@ import torch
 
 from rollwire.trainer.loop import Export, RunSpec, Start
 from rollwire.trainer.train_batch import TrainBatch, TrainRow, behaviour_stats
+from rollwire.trainer.training_run import latest_checkpoint
 from rollwire.trainer.weight_sync import Reference
 from rollwire_trl.policy import StartingPolicy, warmed_up_policy
 from rollwire_trl.samples import pad_rows
@@ -32,7 +33,6 @@ __all__ = [
     "TrlTrainer",
     "grpo_config",
     "importance_ratio",
-    "latest_checkpoint",
     "lora_config",
     "tolerance_for",
 ]
@@ -53,18 +53,6 @@ def tolerance_for(bf16: bool) -> float:
     weights scored in bfloat16 against the server's float32 arithmetic differ by up to ~0.1 nats
     on a confident token (8 bits of mantissa), so a bf16 run accepts that much."""
     return 0.1 if bf16 else 1e-3
-
-
-def latest_checkpoint(folder: Path) -> tuple[Path, int] | None:
-    """The newest ``step-N`` checkpoint under ``folder`` (with its step), if any."""
-    found = []
-    for p in folder.glob("step-*"):
-        if (p / "state.json").is_file() and p.name[5:].isdigit():
-            found.append((int(p.name[5:]), p))
-    if not found:
-        return None
-    step, path = max(found)
-    return path, step
 
 
 class TrlTrainer:

@@ -26,6 +26,7 @@ __all__ = [
     "datasets",
     "evaluator",
     "finish_run",
+    "latest_checkpoint",
     "measure_baseline",
     "prepare_out",
     "rollout_client",
@@ -157,6 +158,19 @@ def prepare_out(settings: TrainSettings) -> None:
             f"{settings.out} already holds a run ({', '.join(leftovers)}): pass --resume to "
             "continue it, or choose another --out"
         )
+
+
+def latest_checkpoint(folder: Path) -> tuple[Path, int] | None:
+    """The newest ``step-N`` checkpoint under ``folder`` (one with a ``state.json``) and its step;
+    None when there is none. Trainers write them; ``--resume`` continues from it."""
+    found = []
+    for p in folder.glob("step-*"):
+        if (p / "state.json").is_file() and p.name[5:].isdigit():
+            found.append((int(p.name[5:]), p))
+    if not found:
+        return None
+    step, path = max(found)
+    return path, step
 
 
 def measure_baseline(settings: TrainSettings, evaluate: Callable[[int], EvalPoint]) -> EvalPoint:
