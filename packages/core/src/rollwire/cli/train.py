@@ -183,8 +183,8 @@ def train(
         file_okay=False,
         metavar="DIR",
         help="Hugging Face model folder to start from (default: the embedded engine's model "
-        "after a supervised warm-up). Without --backend the embedded engine serves it, which "
-        "loads Mixtral-layout folders only; serve other models with vLLM and --backend.",
+        "after a supervised warm-up). Without --backend the embedded engine serves it: Mixtral, "
+        "Llama (SmolLM2), Mistral, Qwen2 and Qwen3 folders.",
     ),
     backend: str = typer.Option(
         None,

@@ -1,8 +1,11 @@
 """Run the BLAS library NumPy uses single-threaded while an engine runs (no extra dependency).
 
-The engine's matrices are tiny (128 x 1400 at most): with OpenBLAS' default thread pool, thread
-hand-off costs far more than the arithmetic (a ``[16, 128] @ [128, 1378]`` matmul measured 5 ms with
-two threads vs 0.1 ms with one on a 2-core box), and it kills batching gains.
+The seeded model's matrices are tiny (128 x 1400 at most): with OpenBLAS' default thread pool,
+thread hand-off costs far more than the arithmetic (a ``[16, 128] @ [128, 1378]`` matmul measured
+5 ms with two threads vs 0.1 ms with one on a 2-core box), and it kills batching gains. A real
+model's decode (SmolLM2-135M) is memory-bound: a second thread helps on an idle box (about 34 vs
+23 tok/s on 2 cores) but collapses when the cores are shared (3 vs 17 tok/s with a load average of
+6, a trainer beside it being the usual case), so every model runs single-threaded.
 
 The thread count is process-wide, so it is reference-counted: the first engine to start saves each
 library's setting and pins it to one thread; the last engine to stop restores the saved values, so

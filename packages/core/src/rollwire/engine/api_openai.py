@@ -19,6 +19,7 @@ from .parsing import _split_reasoning, parse_assistant_text
 from .runtime import Engine, _apply_faults, _token_route_forced
 from .sampling import SamplingParams
 from .scheduler import Completion
+from .tokenizer import template_messages
 from .validation import (
     _bad,
     _bool,
@@ -97,7 +98,10 @@ async def _chat_request(engine: Engine, request: Request) -> _ChatRequest:
     draw = await _apply_faults(engine)
     try:
         prompt = engine.tokenizer.render_chat(
-            messages, tools, add_generation_prompt=add_generation_prompt, **kwargs
+            template_messages(messages),
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
         )
     except Exception as exc:
         raise _HTTPError(400, f"cannot render the chat template: {exc}", param="messages") from exc

@@ -12,6 +12,7 @@ from starlette.routing import Route
 
 from .http import _body, _HTTPError, _json, _npy_b64, _strip_ids, endpoint
 from .runtime import Engine, _apply_faults, _token_route_forced
+from .tokenizer import template_messages
 from .validation import _bad, _int, _model_name, _params
 
 __all__ = ["routes"]
@@ -88,7 +89,7 @@ async def tokenize(engine: Engine, request: Request) -> Response:
     if body.get("messages") is not None:
         try:
             text = tok.render_chat(
-                body["messages"],
+                template_messages(body["messages"]),
                 body.get("tools"),
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)),
                 **dict(body.get("chat_template_kwargs") or {}),

@@ -78,6 +78,9 @@ class EngineConfig:
     prefill_chunk_tokens: int = 256
     #: Token budget of the prefix KV cache (about 4 KiB per token for the default model); 0 disables.
     prefix_cache_tokens: int = 32768
+    #: Memory budget of the prefix KV cache in MiB: it holds at most this much KV, whatever
+    #: ``prefix_cache_tokens`` says (SmolLM2-135M: 45 KiB per token, so about 11,600 tokens).
+    prefix_cache_mib: int = 512
     #: Where the OpenAI routes put token ids when asked. ``"vllm"``: ``return_token_ids`` adds
     #: ``prompt_token_ids`` and per-choice ``token_ids``. ``"sglang"`` (SGLang's OpenAI server):
     #: a non-streamed chat choice carries ``prompt_token_ids`` and ``response_token_ids``, and a

@@ -46,7 +46,7 @@ class Completion:
     stop_reason: str | int | None
     #: Visible text: stop token excluded, cut at a matched stop string.
     text: str
-    #: ``[prompt + output - 1, layers, top_k]`` int32, when asked for.
+    #: ``[prompt + output - 1, layers, top_k]`` int32, when asked for (None for a dense model).
     routed_experts: np.ndarray | None
     #: Weight version under which each output token was sampled.
     token_versions: list[str]
@@ -156,7 +156,8 @@ class GenerationRequest:
         if isinstance(stop_reason, str) and not p.include_stop_str_in_output:
             text = text[: text.find(stop_reason)]
         experts = None
-        if self.want_experts and all_experts is not None:
+        # A dense model routes nothing: no experts to report (an empty last axis).
+        if self.want_experts and all_experts is not None and all_experts.shape[-1]:
             # Every token fed through the model has experts; the last output token never was.
             experts = all_experts[: max(len(self.prompt_ids) + len(ids) - 1, 0)]
         return Completion(

@@ -30,15 +30,22 @@ logger = logging.getLogger("rollwire.engine.server")
 
 #: What a reload may not change, with the Hugging Face config key each comes from.
 _SHAPE_FIELDS = {
+    "model_type": "model_type",
     "vocab_size": "vocab_size",
     "n_layers": "num_hidden_layers",
     "d_model": "hidden_size",
     "n_heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
     "n_experts": "num_local_experts",
     "top_k": "num_experts_per_tok",
     "expert_hidden": "intermediate_size",
     "rope_theta": "rope_theta",
+    "rope_scaling": "rope_parameters",
     "norm_eps": "rms_norm_eps",
+    "tie_embeddings": "tie_word_embeddings",
+    "qkv_bias": "attention_bias",
+    "o_bias": "attention_bias",
 }
 
 
@@ -59,7 +66,11 @@ class Engine:
             max_batch_size=config.max_batch_size,
             seed=config.seed,
             prefill_chunk_tokens=config.prefill_chunk_tokens,
-            prefix_cache_tokens=config.prefix_cache_tokens,
+            # the token budget, within the memory budget (a real model's KV is ~10x the toy's)
+            prefix_cache_tokens=min(
+                config.prefix_cache_tokens,
+                config.prefix_cache_mib * 2**20 // self.model.config.kv_bytes_per_token,
+            ),
         )
         self.script: Script | None = (
             load_script(config.scripted) if config.scripted is not None else None
@@ -151,7 +162,8 @@ class Engine:
         return text
 
     def forced_ids(self, text: str | None) -> list[int] | None:
-        """Token ids of a forced text, ending in ``<|im_end|>`` (None stays None)."""
+        """Token ids of a forced text, ending in the turn's end (``<|im_end|>`` in ChatML;
+        None stays None)."""
         if text is None:
             return None
         return [*self.tokenizer.encode(text), self.tokenizer.eos_id]

@@ -308,7 +308,7 @@ class Scheduler:
             stops = set(p.stop_token_ids)
             if not p.ignore_eos:
                 tok = self.model.tokenizer
-                stops |= {tok.eos_id, tok.pad_id}
+                stops |= tok.stop_ids
             req.stop_ids = frozenset(stops)
             if req.forced_ids is not None:
                 forced, reason, stop_reason = req.cut_forced(self.model.tokenizer)

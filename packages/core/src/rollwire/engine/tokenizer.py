@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "build_tokenizer",
     "chat_template",
     "render_chat",
+    "template_messages",
     "tokenizer_dir",
     "tokenizer_files",
 ]
@@ -121,18 +123,21 @@ def _write_folder(folder: Path, tok: Tokenizer) -> None:
     (folder / "chat_template.jinja").write_text(chat_template())
 
 
-def _folder_template(folder: Path) -> str:
+def _folder_template(folder: Path) -> str | None:
     """The chat template a tokenizer folder carries, read the way transformers reads it: a
     ``chat_template`` in ``tokenizer_config.json`` (older folders), else ``chat_template.jinja``;
-    the shipped template when the folder has neither."""
+    None when the folder has neither."""
     config = folder / "tokenizer_config.json"
     if config.exists():
         embedded = json.loads(config.read_text()).get("chat_template")
+        if isinstance(embedded, list):  # named templates: the default one renders chats
+            named = {t.get("name"): t.get("template") for t in embedded if isinstance(t, dict)}
+            embedded = named.get("default")
         if isinstance(embedded, str):
             return embedded
     if (folder / "chat_template.jinja").exists():
         return (folder / "chat_template.jinja").read_text("utf-8")
-    return chat_template()
+    return None
 
 
 def build_tokenizer(folder: str | os.PathLike[str]) -> Path:
@@ -189,27 +194,124 @@ def tokenizer_files(folder: str | os.PathLike[str]) -> list[Path]:
     ]
 
 
+#: The special-token attributes of a transformers tokenizer, in ``all_special_ids`` order.
+_SPECIAL_ATTRS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    return raw if isinstance(raw, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as ``tokenizer_config.json`` writes it: a string or ``{"content": ...}``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _ids(value: Any) -> list[int]:
+    """``eos_token_id`` as configs write it: an int, a list of ints, or nothing."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _is_byte_level(spec: dict[str, Any]) -> bool:
+    """Whether the vocabulary is GPT-2 byte-level (``Ġthe``) rather than SentencePiece-style
+    (``▁the``, ``<0x0A>``): a ByteLevel pre-tokenizer or decoder anywhere in tokenizer.json."""
+
+    def has(node: Any) -> bool:
+        if isinstance(node, dict):
+            return node.get("type") == "ByteLevel" or any(has(v) for v in node.values())
+        if isinstance(node, list):
+            return any(has(v) for v in node)
+        return False
+
+    return has(spec.get("pre_tokenizer")) or has(spec.get("decoder"))
+
+
 class EngineTokenizer:
-    """Byte-level BPE tokenizer of the embedded engine (a thin wrapper over ``tokenizers.Tokenizer``)."""
+    """A Hugging Face ``tokenizer.json`` folder (the shipped byte-level BPE, or a model folder's
+    own) with its chat template and the special tokens of its ``tokenizer_config.json``."""
 
     def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
         self.folder = Path(folder) if folder is not None else tokenizer_dir()
+        spec = _read_json(self.folder / "tokenizer.json")
         self._tok = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eos_id: int = self._require("<|im_end|>")
-        self.pad_id: int = self._require("<|endoftext|>")
-        #: ids removed by ``skip_special_tokens`` (the ChatML control tokens).
-        self.special_ids: set[int] = {self._require(t) for t in CONTROL_TOKENS}
-        #: ids of the markup tokens (``<tool_call>``, ``<think>``...), kept in decoded text.
-        self.markup_ids: set[int] = {self._require(t) for t in MARKUP_TOKENS}
-        #: The control tokens, exactly what ``AutoTokenizer(...).all_special_ids`` reports for
-        #: this folder: the markup tokens are plain added tokens (``special: false``, as in
-        #: Qwen2.5), so they are not special. Fork classification reads this.
-        self.all_special_ids: list[int] = list(
-            dict.fromkeys([self.eos_id, self.pad_id, self._require("<|im_start|>")])
+        config = _read_json(self.folder / "special_tokens_map.json")
+        config |= _read_json(self.folder / "tokenizer_config.json")
+        #: The special tokens by transformers attribute name (``eos_token``...): their text.
+        self.special_tokens: dict[str, str] = {}
+        for attr in _SPECIAL_ATTRS:
+            text = _token_text(config.get(attr))
+            if text is not None and self._tok.token_to_id(text) is not None:
+                self.special_tokens[attr] = text
+        model_config = _read_json(self.folder / "config.json")
+        generation = _read_json(self.folder / "generation_config.json")
+        eos_ids = _ids(generation.get("eos_token_id")) or _ids(model_config.get("eos_token_id"))
+        eos = self.special_tokens.get("eos_token")
+        #: The id that ends an assistant turn (``<|im_end|>`` in ChatML).
+        self.eos_id: int = (
+            self._require(eos)
+            if eos is not None
+            else (eos_ids[0] if eos_ids else self._require("<|im_end|>"))
         )
+        pad = self.special_tokens.get("pad_token")
+        pad_ids = _ids(generation.get("pad_token_id")) or _ids(model_config.get("pad_token_id"))
+        self.pad_id: int = (
+            self._require(pad) if pad is not None else (pad_ids[0] if pad_ids else self.eos_id)
+        )
+        #: Ids that end a generation, as vLLM's: the tokenizer's eos plus the generation
+        #: config's ``eos_token_id`` (the model config's without one). A tokenizer folder with
+        #: neither file (the shipped one) stops on eos and pad, as the engine always did.
+        self.stop_ids: frozenset[int] = frozenset(
+            [self.eos_id, *eos_ids] if generation or model_config else [self.eos_id, self.pad_id]
+        )
+        added = self._tok.get_added_tokens_decoder()
+        #: ids removed by ``skip_special_tokens`` (added tokens marked ``special``).
+        self.special_ids: set[int] = {int(i) for i, t in added.items() if t.special}
+        #: ids of every added token (control and markup alike): their bytes are their text.
+        self.added_ids: set[int] = {int(i) for i in added}
+        extra = config.get("additional_special_tokens") or config.get("extra_special_tokens")
+        extra_texts = [_token_text(t) for t in extra] if isinstance(extra, list) else []
+        #: What ``AutoTokenizer(...).all_special_ids`` reports for this folder: the special-token
+        #: attributes, then the additional ones (for the shipped folder, the ChatML control
+        #: tokens; the markup tokens are plain added tokens, as in Qwen2.5). Fork
+        #: classification reads this.
+        self.all_special_ids: list[int] = list(
+            dict.fromkeys(
+                self._require(t)
+                for t in [*self.special_tokens.values(), *extra_texts]
+                if t is not None and self._tok.token_to_id(t) is not None
+            )
+        )
+        self._byte_level = _is_byte_level(spec)
         self._token_bytes: list[bytes] = [self._bytes_of(i) for i in range(self.vocab_size)]
-        self._template_text = _folder_template(self.folder)
+        template = _folder_template(self.folder)
+        if template is None and all(self._tok.token_to_id(t) is not None for t in CONTROL_TOKENS):
+            template = chat_template()  # a ChatML vocabulary without a template: the shipped one
+        self._template_text = template
 
     def _require(self, token: str) -> int:
         tid = self._tok.token_to_id(token)
@@ -221,9 +323,17 @@ class EngineTokenizer:
         piece = self._tok.id_to_token(tid)
         if piece is None:
             return b""
-        if tid in self.special_ids or tid in self.markup_ids:
+        if tid in self.added_ids:
             return piece.encode()
-        return bytes(_UNICODE_TO_BYTE.get(ch, 0) for ch in piece)
+        if self._byte_level:
+            return bytes(_UNICODE_TO_BYTE.get(ch, 0) for ch in piece)
+        # SentencePiece-style: byte-fallback pieces are <0xHH>, and "\u2581" is a space
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode()
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; control/markup tokens written in the text become single ids."""
@@ -255,8 +365,21 @@ class EngineTokenizer:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        """Render a chat with this tokenizer's template (see :func:`render_chat`)."""
-        return _render(self._template_text, messages, tools, add_generation_prompt, **kwargs)
+        """Render a chat with this tokenizer's template (see :func:`render_chat`); the template
+        sees the special tokens (``bos_token``, ``eos_token``...) as transformers passes them."""
+        if self._template_text is None:
+            raise ValueError(
+                f"the tokenizer in {self.folder} has no chat template (chat_template.jinja, or "
+                "chat_template in tokenizer_config.json): add one, or send token ids or text to "
+                "/v1/completions"
+            )
+        return _render(
+            self._template_text,
+            messages,
+            tools,
+            add_generation_prompt,
+            **{**self.special_tokens, **kwargs},
+        )
 
     def apply_chat_template(
         self,
@@ -286,6 +409,11 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+def _strftime_now(format: str) -> str:
+    # transformers' template global (Llama 3.x templates print today's date with it)
+    return datetime.now().strftime(format)
+
+
 @lru_cache(maxsize=8)
 def _compiled(template: str) -> jinja2.Template:
     # Mirrors transformers' environment (trim_blocks, lstrip_blocks, loopcontrols) so both
@@ -295,6 +423,7 @@ def _compiled(template: str) -> jinja2.Template:
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
     return env.from_string(template)
 
 
@@ -307,14 +436,49 @@ def _render(
 ) -> str:
     if not messages:
         raise ValueError("messages must not be empty")
-    return _compiled(template).render(
-        messages=list(messages),
-        tools=list(tools) if tools else None,
-        add_generation_prompt=add_generation_prompt,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        **kwargs,
-    )
+    variables: dict[str, Any] = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    variables |= kwargs
+    variables |= {
+        "messages": list(messages),
+        "tools": list(tools) if tools else None,
+        "add_generation_prompt": add_generation_prompt,
+    }
+    return _compiled(template).render(**variables)
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI request messages in the shape chat templates expect, as vLLM hands them over:
+    ``content: null`` becomes ``""`` (templates such as SmolLM2's concatenate it), a tool call's
+    ``arguments`` JSON string becomes the object (``| tojson`` templates), and an empty
+    ``tool_calls`` list is dropped. Arguments that are not JSON stay as written."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        msg = dict(message)
+        if "content" in msg and msg["content"] is None:
+            msg["content"] = ""
+        calls = msg.get("tool_calls")
+        if msg.get("role") == "assistant" and isinstance(calls, list):
+            if not calls:
+                del msg["tool_calls"]
+            else:
+                msg["tool_calls"] = [_template_call(c) for c in calls]
+        out.append(msg)
+    return out
+
+
+def _template_call(call: Any) -> Any:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    fn = dict(call["function"])
+    args = fn.get("arguments")
+    if not args:
+        fn["arguments"] = {}
+    elif isinstance(args, str):
+        try:
+            fn["arguments"] = json.loads(args)
+        except ValueError:
+            pass
+    return {**call, "function": fn}
 
 
 def render_chat(

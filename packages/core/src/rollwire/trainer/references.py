@@ -19,8 +19,9 @@ __all__ = ["engine_reference", "transformers_reference"]
 
 
 def engine_reference(folder: str | Path) -> Reference:
-    """Score with the embedded engine's model loaded from ``folder`` (its own format or a Hugging
-    Face Mixtral folder), as the engine computes log-probs (float32 logits, log-softmax)."""
+    """Score with the embedded engine's model loaded from ``folder`` (its own format, or a Hugging
+    Face Mixtral or dense Llama-family folder), as the engine computes log-probs (float32 logits,
+    log-softmax)."""
     from rollwire.engine.model import TinyModel
     from rollwire.engine.sampling import log_softmax
 
