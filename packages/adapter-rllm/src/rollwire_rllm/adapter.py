@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rollwire.plugins.protocols import Batch, ExportedRow
+from rollwire.plugins.protocols import Batch, ExportedRow, TrainerOption
 from rollwire_rllm.episodes import episode_rows, to_episode_dicts, to_episodes
 
 __all__ = ["RllmAdapter", "adapter"]
@@ -31,6 +31,52 @@ class RllmAdapter:
     requires: Sequence[str] = ()
     #: the trainer's distribution: without it the adapter is "export only" (``rollwire plugins``)
     framework = "rllm"
+    #: what ``rollwire train --trainer rllm`` needs: rLLM (from a checkout) and its Tinker imports
+    train_requires: Sequence[str] = (
+        "rllm",
+        "tinker>=0.18.2",
+        "tinker-cookbook",
+        "omegaconf",
+        "transformers>=4.45",
+    )
+    install_hint = (
+        "rollwire train --trainer rllm runs rLLM's own Tinker trainer; rLLM is not on PyPI: git "
+        "clone https://github.com/rllm-org/rllm && pip install --no-deps -e rllm && pip install "
+        "--no-deps tinker-cookbook && pip install omegaconf chz blobfile codetiming, in an "
+        "environment with the Tinker SDK the service speaks (SkyRL 0.3.0: tinker==0.18.2, "
+        "although rLLM asks for >=0.22.2); see packages/adapter-rllm/README.md"
+    )
+    #: ``rollwire train --trainer rllm``'s own options
+    train_options = (
+        TrainerOption("--base-url", "base_url", None, "the Tinker service to train on"),
+        TrainerOption("--base-model", "base_model", None, "the service's model to train"),
+        TrainerOption(
+            "--tokenizer", "tokenizer", None, "what tokens mode renders with (default: the model)"
+        ),
+        TrainerOption(
+            "--estimator",
+            "estimator",
+            "grpo",
+            "rLLM's advantage estimator (rllm.algorithm.adv_estimator)",
+            str,
+            ("grpo", "reinforce", "reinforce_plus_plus_baseline", "rloo"),
+        ),
+        TrainerOption(
+            "--loss-fn",
+            "loss_fn",
+            None,
+            "rLLM's Tinker loss (default: rLLM's for the estimator, ppo for grpo)",
+            str,
+            ("importance_sampling", "ppo", "cispo", "dro"),
+        ),
+        TrainerOption(
+            "--probe-tolerance",
+            "probe_tolerance",
+            0.05,
+            "the sync's sampler-vs-trainer tolerance",
+            float,
+        ),
+    )
 
     def convert(self, batch: Batch, **options: Any) -> list[Any]:
         """``Episode``s when rLLM is importable, else their ``to_dict()`` form.
@@ -57,6 +103,12 @@ class RllmAdapter:
                 f.write(b"\n")
         tmp.replace(path)
         return path
+
+    def policy_trainer(self, spec: Any) -> Any:
+        """The trainer of ``rollwire train --trainer rllm``: rLLM's own Tinker trainer."""
+        from rollwire_rllm.policy_trainer import RllmPolicyTrainer
+
+        return RllmPolicyTrainer(spec)
 
     def flatten(self, converted: Any) -> list[ExportedRow]:
         """The rows rLLM trains on: each Episode's steps merged as rollwire's TrajectoryBuilder does."""

@@ -38,7 +38,7 @@ def _adapter(trainer: str) -> Any:
     if not callable(getattr(adapter, "policy_trainer", None)):
         raise fail(
             f"the {trainer} plugin converts batches but does not train: rollwire train needs a "
-            "trainer plugin with policy_trainer() (rollwire's: trl, verl, tinker)"
+            "trainer plugin with policy_trainer() (rollwire's: trl, verl, tinker, rllm)"
         )
     problems = check_requirements(getattr(adapter, "train_requires", ()))
     if problems:
@@ -135,8 +135,8 @@ def train(
         "--trainer",
         metavar="NAME",
         help="The trainer plugin: trl (TRL's GRPO loss in this process), verl (verl's own actor "
-        "in this process) or tinker (a Tinker service). Its own options follow the shared ones "
-        "(--help-trainer lists them).",
+        "in this process), tinker (a Tinker service) or rllm (rLLM's Tinker-backend trainer). "
+        "Its own options follow the shared ones (--help-trainer lists them).",
     ),
     help_trainer: bool = typer.Option(
         False, "--help-trainer", help="List the options of --trainer NAME and exit."
