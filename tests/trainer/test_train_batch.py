@@ -113,3 +113,28 @@ def test_behaviour_stats_is_k3_and_ratios() -> None:
 def test_an_empty_batch_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="empty"):
         build_train_batch([])
+
+
+def _tool_rollout(rid: str, message: dict[str, Any], tools: bool = True) -> Any:
+    r = single_turn_rollout(rid, "gt", 1.0)
+    call = r.calls[0]
+    call.request = {"messages": [], **({"tools": [{"type": "function"}]} if tools else {})}
+    call.response = {"choices": [{"message": message}]}
+    return r
+
+
+def test_tool_call_health_counts_parsed_calls_and_unparsed_tool_text() -> None:
+    parsed = {"content": None, "tool_calls": [{"function": {"name": "guess", "arguments": "{}"}}]}
+    drifted = {"content": '<tool_call>{"name": "guess", "arguments": {}}</tool_call>'}
+    bare = {"content": '{"name": "guess", "arguments": {"word": "crane"}}'}
+    plain = {"content": "the answer is 7"}
+    healthy = build_train_batch([_tool_rollout("a", parsed), _tool_rollout("b", plain)])
+    assert (healthy.tools.offered, healthy.tools.parsed, healthy.tools.unparsed) == (2, 1, 0)
+    assert not healthy.tools.none_parsed
+    # a server whose parser does not match the model's format: text, no tool_calls — flagged
+    broken = build_train_batch([_tool_rollout("c", drifted), _tool_rollout("d", bare)])
+    assert (broken.tools.offered, broken.tools.parsed, broken.tools.unparsed) == (2, 0, 2)
+    assert broken.tools.none_parsed
+    # no tools offered: nothing to flag
+    quiet = build_train_batch([_tool_rollout("e", plain, tools=False)])
+    assert quiet.tools.offered == 0 and not quiet.tools.none_parsed

@@ -297,6 +297,9 @@ def _record(
         truncated_calls=batch.truncated_calls,
         rows=len(batch.rows),
         forked=batch.forked,
+        tool_offered_calls=batch.tools.offered,
+        tool_calls_parsed=batch.tools.parsed,
+        tool_call_text_unparsed=batch.tools.unparsed,
         rollout_s=times["rollout"],
         rollout_wait_s=times["wait"],
         train_s=times["train"],
@@ -421,6 +424,17 @@ def _warnings(step: int, batch: TrainBatch) -> list[str]:
     gap = batch.gap_line()
     if gap:
         out.append(f"    step {step}: {gap}")
+    tools = batch.tools
+    if tools.none_parsed or tools.unparsed:
+        out.append(
+            f"    step {step}: tools were offered in {tools.offered} calls, {tools.parsed} tool "
+            f"calls parsed, {tools.unparsed} answers hold tool-call text that did not parse"
+            + (
+                ": no tool call parsed — check the server's tool parser"
+                if tools.none_parsed
+                else ""
+            )
+        )
     if batch.truncated_calls:
         out.append(
             f"    step {step}: {batch.truncated_calls} calls stopped at their token limit "

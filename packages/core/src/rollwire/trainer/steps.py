@@ -93,6 +93,11 @@ class StepRecord:
     rows: int = 0
     #: rollouts that gave more than one row (a side call, a fork)
     forked: int = 0
+    #: calls whose request offered tools; tool calls the server parsed; answers holding
+    #: tool-call-shaped text that did not parse (drift into text, a parser mismatch)
+    tool_offered_calls: int = 0
+    tool_calls_parsed: int = 0
+    tool_call_text_unparsed: int = 0
     #: the policy versions the gateway stamped on this step's calls (the previous step's)
     policy_versions: list[str] = field(default_factory=list)
     #: the trainer's statistics under rollwire's names (``loss``, ``grad_norm``, and

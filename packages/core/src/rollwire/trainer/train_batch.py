@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 
 from rollwire.data.protocol import Group, Rollout, Row, group_rollouts
+from rollwire.data.tool_health import ToolHealth, tool_health
 from rollwire.data.trajectory import BuildMode, TokenizerLike, TrajectoryBuilder
 
 __all__ = [
@@ -91,8 +92,10 @@ class TrainBatch:
     prefill_tokens: int
     #: calls that stopped at their token limit (``finish_reason="length"``)
     truncated_calls: int
-    #: rows per rollout id, rollouts with more than one (forked, or a side call)
+    #: rollouts with more than one row (forked, or a side call)
     forked: int
+    #: tool calls parsed, and tool-call-shaped text that did not parse, over the step's calls
+    tools: ToolHealth = field(default_factory=ToolHealth)
     #: why sampled tokens carried no loss: cause -> tokens
     untrained: dict[str, int] = field(default_factory=dict)
     #: rollout id -> why it has no row
@@ -193,6 +196,7 @@ def build_train_batch(
         if gap > 0:
             untrained[left_out] = untrained.get(left_out, 0) + gap
     return TrainBatch(
+        tools=tool_health(c for r in rollouts for c in r.calls),
         rows=out,
         rollouts=rollouts,
         sampled_tokens=sampled,
