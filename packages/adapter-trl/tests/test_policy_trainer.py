@@ -122,3 +122,28 @@ def test_a_failed_sync_is_one_line_and_exit_code_1(trl: ModuleType, tmp_path: Pa
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "weight sync failed" in lines[0], proc.stderr
     assert "tolerance 0" in lines[0] and "--resume" in lines[0]
+
+
+def test_sft_warms_a_given_model_up_from_a_conversations_file(
+    trl: ModuleType, base_model: Path, tmp_path: Path
+) -> None:
+    import orjson
+    from safetensors.numpy import load_file
+
+    from rollwire.envs.lockbox import warmup_conversations
+
+    sft = tmp_path / "teacher.jsonl"
+    chats = warmup_conversations(16, teacher_accuracy=1.0, seed=0)
+    sft.write_bytes(b"".join(orjson.dumps({"messages": c}) + b"\n" for c in chats))
+    from rollwire_trl.policy_trainer import TrlTrainer
+
+    spec = RunSpec(out=tmp_path / "run", model=base_model, sft=sft, warmup_steps=5)
+    start = TrlTrainer(spec).start(spec)
+    assert start.warmup_steps == 5 and start.warmup_loss is not None
+    warmed = Path(start.weights)
+    assert warmed == (tmp_path / "run" / "warmup").resolve()
+    before, after = (
+        load_file(str(base_model / "model.safetensors")),
+        load_file(str(warmed / "model.safetensors")),
+    )
+    assert any(not (before[k] == after[k]).all() for k in before)

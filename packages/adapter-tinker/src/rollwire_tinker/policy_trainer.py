@@ -102,12 +102,12 @@ class TinkerPolicyTrainer:
         tokenizer = ChatRenderer.from_dir(service.tokenizer).tokenizer
         start = Start(weights="", version=self.trainer.version_name(0), tokenizer=tokenizer)
         embedded = spec.model is None and opts.get("base_url") is None
-        if spec.warmup_steps and spec.agent is None and embedded:
-            from rollwire.trainer.training_run import task_module
+        from rollwire.trainer.training_run import warmup_conversations
 
-            conversations = task_module(spec).warmup_conversations(
-                spec.warmup_steps * 32, teacher_accuracy=spec.teacher_accuracy, seed=spec.seed
-            )
+        # --sft warms any model up; the built-in task's teacher only the embedded one
+        wanted = spec.sft is not None or (spec.agent is None and embedded)
+        conversations = warmup_conversations(spec) if spec.warmup_steps and wanted else None
+        if conversations is not None:
             warm = tinker_warmup(
                 self.trainer.training_client,
                 tokenizer,

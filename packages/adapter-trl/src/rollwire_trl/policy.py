@@ -38,8 +38,9 @@ def warmed_up_policy(
     steps: int,
     learning_rate: float,
     batch_size: int = 32,
+    base: Path | None = None,
 ) -> StartingPolicy:
-    """The embedded engine's model of ``seed`` as a Hugging Face folder under ``out/base``,
+    """``base`` (default: the embedded engine's model of ``seed``, written to ``out/base``)
     warmed up for ``steps`` supervised steps into ``out/warmup`` (reused when it is there)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,9 +50,10 @@ def warmed_up_policy(
     from rollwire_trl.sync import save_policy
     from rollwire_trl.warmup import supervised_warmup
 
-    base = out / "base"
-    if not (base / "model.safetensors").exists():
-        save_hf(TinyModel(ModelConfig(seed=seed)), base)
+    if base is None:
+        base = out / "base"
+        if not (base / "model.safetensors").exists():
+            save_hf(TinyModel(ModelConfig(seed=seed)), base)
     if steps <= 0:
         return StartingPolicy(base)
     target = out / "warmup"

@@ -119,19 +119,18 @@ class TrlTrainer:
         )
 
     def _fresh_policy(self, spec: RunSpec) -> StartingPolicy:
-        if spec.model is not None:
-            return StartingPolicy(Path(spec.model))
-        from rollwire.trainer.training_run import task_module
+        from rollwire.trainer.training_run import warmup_conversations
 
-        conversations = task_module(spec).warmup_conversations(
-            max(1, spec.warmup_steps) * 32, teacher_accuracy=spec.teacher_accuracy, seed=spec.seed
-        )
-        return warmed_up_policy(
+        conversations = warmup_conversations(spec)
+        if conversations is None and spec.model is not None:
+            return StartingPolicy(Path(spec.model))
+        return warmed_up_policy(  # no conversations: the engine's model as it is
             spec.out,
-            conversations,
+            conversations or [],
             seed=spec.seed,
-            steps=spec.warmup_steps,
+            steps=spec.warmup_steps if conversations else 0,
             learning_rate=spec.warmup_learning_rate,
+            base=spec.model,
         )
 
     def _load(self, folder: Path, checkpoint: Path | None) -> None:

@@ -49,8 +49,9 @@ def warmed_up_policy(
     learning_rate: float,
     batch_size: int = 32,
     verbose: bool = False,
+    base: Path | None = None,
 ) -> StartingPolicy:
-    """The embedded engine's model of ``seed`` as a Hugging Face folder under ``out/base``,
+    """``base`` (default: the embedded engine's model of ``seed``, written to ``out/base``)
     warmed up by verl for ``steps`` supervised steps into ``out/warmup`` (reused when there)."""
     import orjson
     from transformers import AutoTokenizer
@@ -61,9 +62,10 @@ def warmed_up_policy(
     from rollwire_verl.actor import ActorSettings, VerlActor
     from rollwire_verl.policy_folder import PolicyFolders
 
-    base = out / "base"
-    if not (base / "model.safetensors").exists():
-        save_hf(TinyModel(ModelConfig(seed=seed)), base)
+    if base is None:
+        base = out / "base"
+        if not (base / "model.safetensors").exists():
+            save_hf(TinyModel(ModelConfig(seed=seed)), base)
     if steps <= 0:
         return StartingPolicy(base)
     target = out / "warmup"

@@ -232,12 +232,22 @@ def train(
     top_p: float = typer.Option(
         None, "--top-p", metavar="P", help="top_p of every call (default: the agent's)."
     ),
+    sft: Path = typer.Option(
+        None,
+        "--sft",
+        exists=True,
+        dir_okay=False,
+        metavar="PATH",
+        help='Supervised warm-up on these conversations (JSONL: {"messages": [...]} per line, '
+        "OpenAI format, tool calls included) before RL, for any model; --warmup-steps steps.",
+    ),
     warmup_steps: int = typer.Option(
         150,
         "--warmup-steps",
         min=0,
         metavar="N",
-        help="Supervised warm-up steps on the task's teacher conversations (the embedded model only).",
+        help="Supervised warm-up steps: on --sft's conversations, else on the built-in task's "
+        "teacher (the embedded model only).",
     ),
     teacher_accuracy: float = typer.Option(
         0.3,

@@ -9,9 +9,10 @@ an RL row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["IGNORE", "assistant_labels"]
+__all__ = ["IGNORE", "assistant_labels", "read_conversations"]
 
 #: the label of a token that carries no loss (PyTorch's ``ignore_index``)
 IGNORE = -100
@@ -50,3 +51,33 @@ def assistant_labels(
             if ids[j] == end:
                 break
     return ids, labels
+
+
+def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
+    """Chat conversations for a supervised warm-up (``rollwire train --sft``): JSON lines, each
+    ``{"messages": [...]}`` or a bare list of OpenAI-format messages (tool calls and tool results
+    included). Each needs at least one assistant message; a bad line is an error naming it."""
+    import orjson
+
+    out: list[list[dict[str, Any]]] = []
+    for n, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+        messages = item.get("messages") if isinstance(item, dict) else item
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+        ):
+            raise ValueError(
+                f'{path}:{n}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}} '
+                "or a list of such messages"
+            )
+        if not any(m["role"] == "assistant" for m in messages):
+            raise ValueError(f"{path}:{n}: no assistant message to learn from")
+        out.append(messages)
+    if not out:
+        raise ValueError(f"{path} holds no conversations: write one JSON object per line")
+    return out

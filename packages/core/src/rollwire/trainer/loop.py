@@ -75,6 +75,8 @@ class RunSpec:
     #: None: the agent's own (a built-in task's agent asks for its own)
     max_tokens: int | None = None
     top_p: float | None = None
+    #: conversations (JSONL, OpenAI messages) for the supervised warm-up, for any model
+    sft: Path | None = None
     warmup_steps: int = 150
     warmup_learning_rate: float = 3e-3
     teacher_accuracy: float = 0.3

@@ -32,6 +32,7 @@ __all__ = [
     "rollout_client",
     "task_module",
     "task_names",
+    "warmup_conversations",
     "write_heldout",
 ]
 
@@ -80,6 +81,20 @@ def task_module(settings: TrainSettings) -> Any:
     if settings.task not in names:
         raise ValueError(f"unknown task {settings.task!r}: built in are {sorted(names)}")
     return importlib.import_module(names[settings.task])
+
+
+def warmup_conversations(settings: Any) -> list[list[dict[str, Any]]] | None:
+    """The supervised warm-up's conversations: the ``--sft`` file, else the built-in task's
+    teacher when the run starts from the embedded engine's random model; None: no warm-up."""
+    if settings.sft is not None:
+        from rollwire.data.warmup import read_conversations
+
+        return read_conversations(settings.sft)
+    if settings.model is not None or not settings.warmup_steps:
+        return None
+    return task_module(settings).warmup_conversations(  # type: ignore[no-any-return]
+        settings.warmup_steps * 32, teacher_accuracy=settings.teacher_accuracy, seed=settings.seed
+    )
 
 
 def datasets(settings: TrainSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
