@@ -109,9 +109,15 @@ def test_micro_batches_accumulate_to_the_step_of_one_batch(
         assert (a["micro_batches"], b["micro_batches"]) == (1, 3)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-7)
+        # Adam's first step moves each weight by about lr * sign(gradient): where a gradient
+        # entry is ~0, summation order can flip its sign, so a few entries may differ by up to
+        # 2 lr; everything else must match
+        lr = RunSpec(out=tmp_path).learning_rate
         wa, wb = _weights(whole), _weights(micro)
         for name in wa:
-            torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-6, msg=name)
+            diff = (wb[name] - wa[name]).abs()
+            assert float(diff.max()) <= 2 * lr + 1e-6, name
+            assert float((diff > 1e-6).float().mean()) <= 0.01, name
     finally:
         whole.close()
         micro.close()
