@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "fixture-plug
 # than skipped one by one, and the report header says so.
 # - the verl adapter's tests need torch + verl: packages/adapter-verl/ci/run-tests.sh
 # - the real-vLLM group needs vLLM's CPU build: tests/vllm/ci/run-tests.sh
+# - eight agent frameworks (~200 packages) run in .venv-frameworks: tests/frameworks/ci/run-tests.sh
 # - the SmolLM2 conversion and SkyRL's Tinker server need torch (+ JAX): .venv-tinker's run-tests.sh
 # - TRL's importance sampling and the learning test need torch + TRL: .venv-trl's run-tests.sh
 _SEPARATE = {
@@ -49,6 +50,18 @@ _SEPARATE = {
     ),
     "packages/adapter-verl/tests": (("verl", "torch"), "packages/adapter-verl/ci/run-tests.sh"),
     "tests/vllm": (("vllm", "torch"), "tests/vllm/ci/run-tests.sh"),
+    "tests/frameworks": (
+        (
+            "pydantic_ai",
+            "smolagents",
+            "llama_index",
+            "dspy",
+            "autogen_agentchat",
+            "crewai",
+            "claude_agent_sdk",
+        ),
+        "tests/frameworks/ci/run-tests.sh",
+    ),
 }
 collect_ignore: list[str] = [
     path

@@ -21,6 +21,11 @@ a multi-turn tool-calling rollout run the way training runs it — ``RolloutClie
 → ``RolloutApp`` → the framework's agent → a real gateway and the embedded engine in scripted
 mode, the reward posted by the app — captured with the right rows, masks and log-probs, in every
 streaming mode the framework has.
+
+A framework whose agents finish in a protocol of their own (a final-answer tool, a field format)
+sets ``script`` (the policy the engine plays) and ``recording_server`` (the stand-in endpoint) to
+answer that way; ``extra_model_calls``, ``expected_rows`` and ``recorded_stream`` say, with the
+reason, where its rollout differs from a plain tools loop's (tests/frameworks has examples).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -104,6 +109,18 @@ class AgentAdapterConformance:
     #: training rows the standard task's rollout becomes; 1 unless the framework rewrites its
     #: history between calls (override it with the reason)
     expected_rows: ClassVar[int] = 1
+    #: model calls the framework's agent makes beyond a plain tools loop's (one per tool call and
+    #: one to answer), e.g. a separate answer-extraction call; override it with the reason
+    extra_model_calls: ClassVar[int] = 0
+    #: how the gateway records the calls: streamed as the agent asked (None), or False where it
+    #: answers a dialect's stream from one non-streamed backend call (Anthropic Messages)
+    recorded_stream: ClassVar[bool | None] = None
+    #: the stand-in endpoint of the production and session-wiring tests; a framework whose agents
+    #: finish only through a protocol of their own (a final-answer tool) answers with it
+    recording_server: ClassVar[type[RecordingServer]] = RecordingServer
+    #: the policy the embedded engine plays in the rollout test: the standard task, answered the
+    #: way the framework's agents expect a model to answer
+    script: ClassVar[Callable[..., str | None]] = staticmethod(arithmetic_script)
 
     # -- hooks -----------------------------------------------------------------------------
 
@@ -141,7 +158,7 @@ class AgentAdapterConformance:
         from rollwire.gateway import serve_in_thread
 
         with (
-            EmbeddedEngine(EngineConfig(scripted=arithmetic_script)) as engine,
+            EmbeddedEngine(EngineConfig(scripted=self.script)) as engine,
             serve_in_thread(backends=[(engine.url, "vllm")]) as gateway,
         ):
             yield RolloutEnv(engine, gateway, gateway.client())
@@ -175,7 +192,7 @@ class AgentAdapterConformance:
     def test_production_fallback(self, adapter: AgentAdapter, stream: bool) -> None:
         if stream not in self.stream_modes:
             pytest.skip(f"{adapter.name} has no {'streaming' if stream else 'non-streaming'} mode")
-        with RecordingServer() as prod:
+        with self.recording_server() as prod:
             kwargs = self.production_kwargs(
                 base_url=prod.url + "/v1", api_key="prod-key", model=PRODUCTION_MODEL
             )
@@ -183,20 +200,20 @@ class AgentAdapterConformance:
             out = self.run_agent(
                 model, arithmetic_task(), stream=stream, payload={"prompt": "task"}
             )
-        assert RecordingServer.reply in out
+        assert self.recording_server.reply in out
         requests = prod.chat_requests
-        assert len(requests) == 1, [r.path for r in prod.requests]
-        req = requests[0]
-        assert req.path == "/v1/chat/completions"
-        assert req.headers.get("authorization") == "Bearer prod-key"
-        assert req.body["model"] == PRODUCTION_MODEL
-        assert bool(req.body.get("stream")) is stream
+        assert len(requests) == 1 + self.extra_model_calls, [r.path for r in prod.requests]
+        for req in requests:
+            assert req.path == "/v1/chat/completions"
+            assert req.headers.get("authorization") == "Bearer prod-key"
+            assert req.body["model"] == PRODUCTION_MODEL
+            assert bool(req.body.get("stream")) is stream
 
     @pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
     def test_session_wiring(self, adapter: AgentAdapter, stream: bool) -> None:
         if stream not in self.stream_modes:
             pytest.skip(f"{adapter.name} has no {'streaming' if stream else 'non-streaming'} mode")
-        with RecordingServer() as gw:
+        with self.recording_server() as gw:
             payload = _session_payload(
                 base_url=gw.url + "/s/tok-123/v1",
                 token="tok-123",
@@ -211,19 +228,21 @@ class AgentAdapterConformance:
             model = self._build(adapter, payload, stream, **kwargs)
             self.run_agent(model, arithmetic_task(), stream=stream, payload=payload)
         requests = gw.chat_requests
-        assert len(requests) == 1, [r.path for r in gw.requests]
-        req = requests[0]
-        assert req.path == "/s/tok-123/v1/chat/completions"
-        assert req.headers.get("authorization") == "Bearer tok-123"
-        body = req.body
-        assert body["model"] == "policy"
-        assert bool(body.get("stream")) is stream
-        assert "extra_body" not in body
-        for key, value in self.sampling.items():
-            got = body.get(key)
-            if key == "max_tokens" and got is None:
-                got = body.get("max_completion_tokens")
-            assert got == value, f"sampling parameter {key}={value!r} not sent (request: {body})"
+        assert len(requests) == 1 + self.extra_model_calls, [r.path for r in gw.requests]
+        for req in requests:
+            assert req.path == "/s/tok-123/v1/chat/completions"
+            assert req.headers.get("authorization") == "Bearer tok-123"
+            body = req.body
+            assert body["model"] == "policy"
+            assert bool(body.get("stream")) is stream
+            assert "extra_body" not in body
+            for key, value in self.sampling.items():
+                got = body.get(key)
+                if key == "max_tokens" and got is None:
+                    got = body.get("max_completion_tokens")
+                assert got == value, (
+                    f"sampling parameter {key}={value!r} not sent (request: {body})"
+                )
 
     @pytest.mark.parametrize("capture", ["passthrough", "tokens"])
     @pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
@@ -278,9 +297,10 @@ class AgentAdapterConformance:
 
         calls = client.calls(rollout.rollout_id)
         assert [c.call_id for c in calls] == [c.call_id for c in rollout.calls]
-        assert len(calls) == task.expected_model_calls
+        assert len(calls) == task.expected_model_calls + self.extra_model_calls
         assert all(c.status == "ok" for c in calls)
-        assert [c.stream for c in calls] == [stream] * len(calls)
+        recorded = stream if self.recorded_stream is None else self.recorded_stream
+        assert [c.stream for c in calls] == [recorded] * len(calls)
         assert all(c.sampling.get("temperature") == sampling["temperature"] for c in calls)
         assert all(len(c.completion_ids) > 0 for c in calls)
 

@@ -85,7 +85,13 @@ class RecordingServer:
         headers = {k.lower(): v for k, v in handler.headers.items()}
         self.requests.append(RecordedRequest(handler.command, handler.path, headers, body))
 
+    def message(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The assistant message every chat call is answered with: ``reply`` as plain text (a
+        subclass answers the way a framework's agents need to finish, e.g. a final-answer tool)."""
+        return {"role": "assistant", "content": self.reply}
+
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        message = self.message(body)
         return {
             "id": "chatcmpl-recorded",
             "object": "chat.completion",
@@ -94,8 +100,8 @@ class RecordingServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": self.reply},
-                    "finish_reason": "stop",
+                    "message": message,
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
                     "logprobs": None,
                 }
             ],
@@ -103,6 +109,11 @@ class RecordingServer:
         }
 
     def _stream_body(self, body: dict[str, Any]) -> bytes:
+        message = self.message(body)
+        delta: dict[str, Any] = {"content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
         base = {
             "id": "chatcmpl-recorded",
             "object": "chat.completion.chunk",
@@ -122,9 +133,9 @@ class RecordingServer:
             },
             {
                 **base,
-                "choices": [{"index": 0, "delta": {"content": self.reply}, "finish_reason": None}],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
             },
-            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
             {
                 **base,
                 "choices": [],
