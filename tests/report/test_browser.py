@@ -35,6 +35,7 @@ def test_report_in_chromium(tmp_path: Path) -> None:
         for selector in ("#summary", "#cards", "#charts svg", "#drift-table", "#group-table"):
             assert page.locator(selector).first.is_visible(), selector
         assert page.locator("#cards .card").count() >= 10
+        assert "tool calls parsed" in page.locator("#tool-health").inner_text()
         assert "9" in page.locator("#cards .card").first.inner_text()
         assert page.locator("#drift-table tbody tr").count() == 5
         # open a forked rollout from the group table

@@ -215,3 +215,31 @@ def test_stale_calls_are_counted_in_the_summary() -> None:
     lines = dict(summary_lines(summarize(batch, [], 1.0)))
     assert lines["stale calls (not trained)"] == "1"
     assert "MoE calls without routing" not in lines
+
+
+def test_tool_call_health_in_the_summary_and_on_each_call() -> None:
+    batch = chat_batch()
+    healthy = build_report(batch, tokenizer=CHAR_TOKENIZER).summary.as_dict()["tools"]
+    assert healthy["parsed"] >= 1 and healthy["unparsed"] == 0 and not healthy["none_parsed"]
+    # the server's parser does not read the model's format: the call's tool call stays text
+    offered = 0
+    for group in batch:
+        for rollout in group.rollouts:
+            for call in rollout.calls:
+                offered += bool(call.request.get("tools"))
+                message = (call.response.get("choices") or [{}])[0].get("message") or {}
+                if message.get("tool_calls"):
+                    message["content"] = '<tool_call>{"name": "guess", "arguments": {}}</tool_call>'
+                    message["tool_calls"] = None
+    report = build_report(batch, tokenizer=CHAR_TOKENIZER)
+    broken = report.summary.as_dict()["tools"]
+    assert broken == {
+        "offered": offered,
+        "parsed": 0,
+        "unparsed": healthy["parsed"],
+        "none_parsed": offered > 0,
+    }
+    index, _, payloads = read_report_data(render_html(report))
+    assert index["summary"]["tools"] == broken
+    calls = [c for p in payloads for c in p["calls"]]
+    assert sum(c["unparsed"] for c in calls) == healthy["parsed"]

@@ -83,3 +83,17 @@ def test_a_folder_without_steps_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "not a rollwire train run folder" in " ".join(
         result.output.split()
     )
+
+
+def test_tool_call_health_per_step_and_the_flagged_step(tmp_path: Path) -> None:
+    run = _run(tmp_path / "run", steps=2)
+    lines = (run / "steps.jsonl").read_bytes().splitlines()
+    first, second = (orjson.loads(line) for line in lines)
+    first |= {"tool_offered_calls": 16, "tool_calls_parsed": 15, "tool_call_text_unparsed": 1,
+              "flags": ["tool_call_text_unparsed"]}  # fmt: skip
+    second |= {"tool_offered_calls": 16, "tool_calls_parsed": 0, "tool_call_text_unparsed": 16,
+               "flags": ["no_tool_calls_parsed", "tool_call_text_unparsed"]}  # fmt: skip
+    (run / "steps.jsonl").write_bytes(orjson.dumps(first) + b"\n" + orjson.dumps(second) + b"\n")
+    html = write_training_report(run).read_text()
+    assert "<td>15 / 16, 1 unparsed</td>" in html
+    assert "⚠ 0 / 16, 16 unparsed: no tool call parsed" in html

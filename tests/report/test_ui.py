@@ -115,3 +115,32 @@ def test_session_page_is_the_trajectory_view(gateway: RunningGateway) -> None:
     assert index["summary"]["rollouts"] == 1 and index["summary"]["calls"] == 2
     assert payloads[0]["id"] == sid and payloads[0]["rows"]
     assert ui.get("/ui/sessions/nope").status_code == 404
+
+
+def test_tool_call_health_on_the_dashboard_and_in_metrics(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A backend that answers tool-offering calls with tool-call text and no ``tool_calls`` (a
+    parser that does not read the model's format) shows as none parsed."""
+    drifted = '<tool_call>{"name": "guess", "arguments": {}}</tool_call>'
+    tools = [{"type": "function", "function": {"name": "guess", "parameters": {}}}]
+    with (
+        ServerThread(NullBackend(reply=lambda body: {"content": drifted})) as backend,
+        serve_in_thread(
+            backends=[(backend.url, "vllm")], store=f"sqlite:{tmp_path / 'gw.db'}"
+        ) as gw,
+    ):
+        assert gw.admin_key is not None
+        with gw.client() as c:
+            handle = c.create_session(group_id="g1")
+            oai = openai.OpenAI(base_url=handle.base_url, api_key=handle.token)
+            for _ in range(2):
+                oai.chat.completions.create(
+                    model="p",
+                    messages=[{"role": "user", "content": "q"}],
+                    tools=tools,  # type: ignore[arg-type]
+                )
+            c.complete(handle.session_id, reward=0.0)
+        s = _login(gw, gw.admin_key).get("/ui/api/stats").json()
+        assert s["tools"] == {"offered": 2, "parsed": 0, "unparsed": 2, "none_parsed": True}
+        text = httpx.get(gw.url + "/metrics", headers={"authorization": f"Bearer {gw.admin_key}"},
+                         timeout=30).text  # fmt: skip
+        assert 'rollwire_tool_calls_total{kind="unparsed"} 2' in text

@@ -58,6 +58,7 @@ def test_two_lora_steps_change_the_served_weights_verified_and_stamped(
         out=tmp_path / "run", task="calculator", model=smollm2, backend=server.url,
         steps=2, tasks_per_step=2, group_size=4, lora_rank=8, learning_rate=2e-3,
         max_tokens=12, eval_every=0, eval_size=2, eval_k=1, save_every=10, progress=False,
+        options={"lora_sync": "merged"},  # this vLLM runs without --enable-lora
     )  # fmt: skip
     result = run(spec, TrlTrainer(spec))
 

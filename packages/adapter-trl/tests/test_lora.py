@@ -1,12 +1,16 @@
-"""LoRA runs: the folder a sync pushes is the full model with the adapters merged in (a server
-cannot load adapters by ``reload_weights``), under the base model's own parameter names, and it
-computes what the trainer's LoRA model computes; the adapters stay unmerged for training."""
+"""LoRA runs: by default each sync pushes the adapter alone, which the embedded engine loads by
+name and serves as the trainer computes it (``rollwire train --lora-rank 8`` on lockbox);
+with ``--lora-sync merged`` the folder is the full model with the adapters merged in, under the
+base model's own parameter names; the adapters stay unmerged for training."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import orjson
 import pytest
 
 
@@ -100,3 +104,37 @@ def test_lora_config_is_none_for_full_weights() -> None:
     from rollwire_trl.policy_trainer import lora_config
 
     assert lora_config(0) is None
+
+
+def test_a_lora_run_on_lockbox_syncs_adapters(
+    trl: ModuleType, train_cli: Any, tmp_path: Path
+) -> None:
+    """Two steps of ``rollwire train --lora-rank 8`` on the embedded engine: each export is a
+    PEFT adapter on the modules servers adapt, loaded by the engine as ``policy@N`` and
+    verified against the trainer's LoRA model; the next step's calls were sampled by it."""
+    from rollwire_trl.policy_trainer import SERVED_LORA_TARGETS
+
+    train_cli(
+        "--out", "run", "--task", "lockbox", "--lora-rank", "8", "--steps", "2", "--seed", "0",
+        "--warmup-steps", "10", "--tasks-per-step", "2", "--group-size", "4",
+        "--eval-size", "4", "--eval-k", "1", "--eval-every", "0",
+        cwd=tmp_path, timeout=1100,
+    )  # fmt: skip
+    run = tmp_path / "run"
+    steps = [orjson.loads(line) for line in (run / "steps.jsonl").read_bytes().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        sync = s["sync"]
+        assert sync["sync/adapter"] == 1.0 and sync["sync/servers_verified"] == 1, s
+        assert sync["sync/servers_failed"] == 0 and sync["sync/probe_max_abs_diff"] < 1e-3, s
+        assert sync["sync/load_s"] > 0 and sync["sync/save_s"] > 0, s
+    assert steps[1]["policy_versions"] == ["1"]  # step 2 rolled out on adapter policy@1
+    exported = run / "policy" / "step-2"
+    assert sorted(p.name for p in exported.glob("adapter_*")) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert not (exported / "model.safetensors").exists()  # the adapter alone travels
+    config = json.loads((exported / "adapter_config.json").read_text())
+    assert config["r"] == 8 and set(config["target_modules"]) <= set(SERVED_LORA_TARGETS)
+    assert (run / "final" / "model.safetensors").is_file()  # the trained policy, merged

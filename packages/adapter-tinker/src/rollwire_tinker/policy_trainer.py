@@ -114,6 +114,7 @@ class TinkerPolicyTrainer:
                 conversations,
                 steps=spec.warmup_steps,
                 learning_rate=spec.warmup_learning_rate,
+                batch_size=spec.warmup_batch_size,
                 seed=spec.seed,
             )
             start.warmup_steps, start.warmup_loss = warm.steps, warm.loss

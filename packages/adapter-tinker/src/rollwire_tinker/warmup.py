@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rollwire.data.warmup import IGNORE, assistant_labels
+from rollwire.data.warmup import IGNORE, Conversation, assistant_labels
 
 __all__ = ["WarmupResult", "sft_datum", "tinker_warmup"]
 
@@ -48,7 +48,7 @@ def sft_datum(ids: Sequence[int], labels: Sequence[int]) -> Any:
 def tinker_warmup(
     training_client: Any,
     tokenizer: Any,
-    conversations: Sequence[Sequence[dict[str, Any]]],
+    conversations: Sequence[Conversation],
     *,
     steps: int,
     batch_size: int = 32,

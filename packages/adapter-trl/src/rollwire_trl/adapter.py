@@ -59,6 +59,15 @@ class TrlAdapter:
         ),
         TrainerOption("--max-grad-norm", "max_grad_norm", 1.0, "gradient clipping", float),
         TrainerOption(
+            "--lora-sync",
+            "lora_sync",
+            "adapter",
+            "with --lora-rank, what each sync pushes: the adapter alone (servers load it by "
+            "name: vLLM with runtime LoRA, the engine), or the model with it merged in",
+            str,
+            ("adapter", "merged"),
+        ),
+        TrainerOption(
             "--threads",
             "threads",
             1,

@@ -7,7 +7,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from rollwire.data.warmup import Conversation
 
 __all__ = ["StartingPolicy", "warmed_up_policy"]
 
@@ -32,12 +33,13 @@ class StartingPolicy:
 
 def warmed_up_policy(
     out: Path,
-    conversations: Sequence[Sequence[dict[str, Any]]],
+    conversations: Sequence[Conversation],
     *,
     seed: int,
     steps: int,
     learning_rate: float,
     batch_size: int = 32,
+    micro_batch_size: int = 0,
     base: Path | None = None,
 ) -> StartingPolicy:
     """``base`` (default: the embedded engine's model of ``seed``, written to ``out/base``)
@@ -74,6 +76,7 @@ def warmed_up_policy(
         batch_size=batch_size,
         learning_rate=learning_rate,
         seed=seed,
+        micro_batch_size=micro_batch_size,
     )
     save_policy(model, target, tokenizer_dir=base)
     seconds = time.perf_counter() - t0

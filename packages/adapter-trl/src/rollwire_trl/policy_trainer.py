@@ -5,6 +5,12 @@ penalty and its importance-sampling correction against the captured log-probs) o
 loop built — every row of every completed rollout, each with its rollout's advantage — in
 micro-batches whose gradients accumulate into one AdamW step. The model lives on the GPU when
 there is one; the probe's reference scores on the model's own device, in eval mode.
+
+With ``--lora-rank`` each export is the adapter alone (PEFT's folder: ``adapter_config.json`` +
+``adapter_model.safetensors``), which the servers load by name on the base they serve; LoRA then
+adapts the modules every server applies adapters to (:data:`SERVED_LORA_TARGETS`).
+``--lora-sync merged`` exports the base with the deltas merged in instead (LoRA on every linear
+layer), for servers that take no adapter.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from rollwire_trl.sync import save_policy
 
 __all__ = [
     "IMPORTANCE_MODES",
+    "LORA_SYNCS",
+    "SERVED_LORA_TARGETS",
     "TrlTrainer",
     "grpo_config",
     "importance_ratio",
@@ -39,6 +47,11 @@ __all__ = [
 
 #: TRL's importance-sampling modes, and "off"
 IMPORTANCE_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off")
+#: what a LoRA run pushes to the servers: the adapter alone, or the model with it merged in
+LORA_SYNCS = ("adapter", "merged")
+#: the modules an adapter sync trains (PEFT's names on Llama and Mixtral): those vLLM and the
+#: embedded engine apply a loaded adapter to (Mixtral's fused experts are not among them)
+SERVED_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: TRL log keys the update keeps, under rollwire's names
 _TRL_METRICS = {
     "clip_ratio/region_mean": "clip_ratio",
@@ -68,6 +81,11 @@ class TrlTrainer:
         rank = 0 if spec.lora_rank is None else spec.lora_rank
         if rank < 0:
             raise ValueError(f"lora_rank must be 0 (full weights) or a positive rank, got {rank}")
+        lora_sync = str(opts.get("lora_sync", "adapter"))
+        if lora_sync not in LORA_SYNCS:
+            raise ValueError(f"lora_sync must be one of {LORA_SYNCS}, got {lora_sync!r}")
+        #: exports are LoRA adapters (a --lora-rank run with --lora-sync adapter)
+        self.exports_adapter = bool(rank) and lora_sync == "adapter"
         self.spec = spec
         self.lora_rank = rank
         self.importance_sampling = mode
@@ -100,8 +118,10 @@ class TrlTrainer:
             checkpoint, step = found
         self.policy = fresh
         self._load(fresh.folder, checkpoint)
-        weights = fresh.folder
-        if checkpoint is not None:  # the servers load the checkpoint's weights as a full model
+        weights, adapter = fresh.folder, None
+        if checkpoint is not None and self.exports_adapter:  # the base, then the adapter
+            adapter = str(self._save_adapter(spec.out / "policy" / f"resume-{step}").resolve())
+        elif checkpoint is not None:  # the servers load the checkpoint's weights as a full model
             weights = save_policy(
                 self.model, spec.out / "policy" / f"resume-{step}", fresh.tokenizer_folder
             )
@@ -113,6 +133,7 @@ class TrlTrainer:
             version=str(step),
             step=step,
             tokenizer=tokenizer,
+            adapter=adapter,
             warmup_steps=fresh.warmup_steps,
             warmup_loss=fresh.warmup_loss,
             warmup_seconds=fresh.warmup_seconds,
@@ -130,6 +151,8 @@ class TrlTrainer:
             seed=spec.seed,
             steps=spec.warmup_steps if conversations else 0,
             learning_rate=spec.warmup_learning_rate,
+            micro_batch_size=spec.micro_batch_size,
+            batch_size=spec.warmup_batch_size,
             base=spec.model,
         )
 
@@ -152,7 +175,8 @@ class TrlTrainer:
             else:
                 from peft import get_peft_model
 
-                model = get_peft_model(model, lora_config(self.lora_rank))
+                targets = SERVED_LORA_TARGETS if self.exports_adapter else "all-linear"
+                model = get_peft_model(model, lora_config(self.lora_rank, targets))
         tokenizer = AutoTokenizer.from_pretrained(
             self.policy.tokenizer_folder if self.policy else folder
         )
@@ -269,18 +293,31 @@ class TrlTrainer:
 
     # ------------------------------------------------------------------ weights
     def export(self, step: int) -> Export:
-        """The policy as a Hugging Face folder under ``--out/policy`` (LoRA merged in); the
-        newest two are kept."""
+        """The policy under ``--out/policy/step-N``: the LoRA adapter alone (PEFT's folder), or
+        a Hugging Face model folder (full weights, or LoRA merged in). The newest two are kept,
+        the adapters a server may still hold loaded too (vLLM may read one again)."""
         assert self.policy is not None
         t0 = time.perf_counter()
-        folder = save_policy(
-            self.model, self.spec.out / "policy" / f"step-{step}", self.policy.tokenizer_folder
-        )
+        target = self.spec.out / "policy" / f"step-{step}"
+        if self.exports_adapter:
+            folder = self._save_adapter(target)
+        else:
+            folder = save_policy(self.model, target, self.policy.tokenizer_folder)
         self._exports.append(folder)
-        for old in self._exports[:-2]:
+        keep = 2 + (self.spec.max_staleness if self.exports_adapter else 0)
+        for old in self._exports[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-        self._exports = self._exports[-2:]
-        return Export(str(folder.resolve()), str(step), time.perf_counter() - t0)
+        self._exports = self._exports[-keep:]
+        seconds = time.perf_counter() - t0
+        if self.exports_adapter:
+            return Export(str(folder.resolve()), str(step), seconds, kind="adapter")
+        return Export(str(folder.resolve()), str(step), seconds)
+
+    def _save_adapter(self, folder: Path) -> Path:
+        """The trained LoRA adapter as PEFT writes it (safetensors, float32 as trained)."""
+        shutil.rmtree(folder, ignore_errors=True)
+        getattr(self.model, "module", self.model).save_pretrained(folder, safe_serialization=True)
+        return folder
 
     def reference(self) -> Reference:
         """Scores with the live model, on its device, in eval mode (then back to training)."""
@@ -382,8 +419,9 @@ def grpo_config(spec: RunSpec, importance: str, clip_max: float, loss_type: str)
     )
 
 
-def lora_config(rank: int) -> Any:
-    """peft's ``LoraConfig`` for ``rank`` on every linear layer (alpha 2 x rank); None for 0."""
+def lora_config(rank: int, targets: str | Sequence[str] = "all-linear") -> Any:
+    """peft's ``LoraConfig`` for ``rank`` on ``targets`` (default every linear layer; alpha
+    2 x rank); None for 0."""
     if not rank:
         return None
     try:
@@ -394,6 +432,7 @@ def lora_config(rank: int) -> Any:
             "(or --lora-rank 0 to train the full weights)"
         ) from None
     return LoraConfig(
-        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+        target_modules=targets if isinstance(targets, str) else list(targets),
         task_type="CAUSAL_LM",
     )  # fmt: skip

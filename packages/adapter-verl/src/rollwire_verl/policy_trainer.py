@@ -139,6 +139,7 @@ class VerlTrainer:
             seed=spec.seed,
             steps=spec.warmup_steps if conversations else 0,
             learning_rate=spec.warmup_learning_rate,
+            batch_size=spec.warmup_batch_size,
             verbose=spec.verbose,
             base=spec.model,
         )

@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from rollwire.data.warmup import Conversation
 
 __all__ = ["StartingPolicy", "warmed_up_policy"]
 
@@ -42,7 +43,7 @@ class StartingPolicy:
 
 def warmed_up_policy(
     out: Path,
-    conversations: Sequence[Sequence[dict[str, Any]]],
+    conversations: Sequence[Conversation],
     *,
     seed: int,
     steps: int,

@@ -39,6 +39,7 @@ def _serve(
     strict_model_name: bool = True,
     openai_ids_style: str = "vllm",
     max_model_len: int | None = None,
+    tool_call_parser: str = "hermes",
 ) -> None:
     import uvicorn
 
@@ -47,6 +48,10 @@ def _serve(
 
     if logprobs_mode not in ("raw", "processed"):
         raise typer.BadParameter(f"--logprobs-mode must be raw or processed, got {logprobs_mode!r}")
+    if tool_call_parser not in ("hermes", "mistral"):
+        raise typer.BadParameter(
+            f"--tool-call-parser must be hermes or mistral, got {tool_call_parser!r}"
+        )
     if openai_ids_style not in ("vllm", "sglang"):
         raise typer.BadParameter(
             f"--openai-ids-style must be vllm or sglang, got {openai_ids_style!r}"
@@ -62,6 +67,7 @@ def _serve(
         strict_model_name=strict_model_name,
         openai_ids_style=openai_ids_style,  # type: ignore[arg-type]
         max_model_len=max_model_len,
+        tool_call_parser=tool_call_parser,  # type: ignore[arg-type]
         faults=FaultConfig(
             error_rate=fault_error_rate,
             throttle_rate=fault_throttle_rate,
@@ -155,6 +161,14 @@ _MAX_LEN = typer.Option(
 )
 
 
+_PARSER = typer.Option(
+    "hermes",
+    "--tool-call-parser",
+    help="How tool calls are read from the model's text, like vLLM's --tool-call-parser: hermes "
+    "(<tool_call> JSON blocks) or mistral ([TOOL_CALLS] JSON, non-streamed answers).",
+)
+
+
 @engine_app.callback(invoke_without_command=True)
 def main(
     ctx: typer.Context,
@@ -177,6 +191,7 @@ def main(
     strict_model_name: bool = _STRICT,
     openai_ids_style: str = _IDS_STYLE,
     max_model_len: int | None = _MAX_LEN,
+    tool_call_parser: str = _PARSER,
 ) -> None:
     """Serve the engine (same as `rollwire engine serve`) when no subcommand is given."""
     if ctx.invoked_subcommand is None:
@@ -204,6 +219,7 @@ def serve(
     strict_model_name: bool = _STRICT,
     openai_ids_style: str = _IDS_STYLE,
     max_model_len: int | None = _MAX_LEN,
+    tool_call_parser: str = _PARSER,
 ) -> None:
     """Serve the engine's HTTP APIs (vLLM OpenAI routes, /inference/v1/generate, SGLang /generate)."""
     _serve(**locals())

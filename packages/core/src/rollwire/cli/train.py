@@ -153,8 +153,9 @@ def train(
         "--task",
         metavar="NAME",
         help="Built-in task (entry point group rollwire.tasks): lockbox (the embedded model "
-        "learns it in minutes) or calculator (a two-turn arithmetic task with a calculator "
-        "tool, for a real --model).",
+        "learns it in minutes), calculator (a two-turn arithmetic task with a calculator "
+        "tool, for a real --model) or vault (a LangGraph agent with two OpenAI tools, read a "
+        "code and open a box with it; for a real --model, with --sft teacher).",
     ),
     agent: str = typer.Option(
         None,
@@ -200,7 +201,11 @@ def train(
         8, "--group-size", "-n", min=2, metavar="N", help="Rollouts per task (the GRPO group)."
     ),
     learning_rate: float = typer.Option(
-        1e-3, "--lr", metavar="LR", help="AdamW learning rate of the RL phase."
+        None,
+        "--lr",
+        metavar="LR",
+        help="AdamW learning rate of the RL phase. Default: 1e-3 for the embedded engine's model; "
+        "with --model 1e-5 (full weights) or 1e-4 (--lora-rank).",
     ),
     beta: float = typer.Option(
         0.0,
@@ -213,8 +218,9 @@ def train(
         "--lora-rank",
         min=0,
         metavar="R",
-        help="Train LoRA adapters of rank R on every linear layer (alpha 2R; the servers get the "
-        "merged weights). Default: the trainer's (trl: 0, the full weights; tinker: 8).",
+        help="Train LoRA adapters of rank R (alpha 2R); trl syncs the adapter alone, loaded by "
+        "name (--lora-sync merged: the merged model). Default: the trainer's (trl: 0, the full "
+        "weights; tinker: 8).",
     ),
     temperature: float = typer.Option(
         1.0,
@@ -235,11 +241,12 @@ def train(
     sft: Path = typer.Option(
         None,
         "--sft",
-        exists=True,
         dir_okay=False,
         metavar="PATH",
-        help='Supervised warm-up on these conversations (JSONL: {"messages": [...]} per line, '
-        "OpenAI format, tool calls included) before RL, for any model; --warmup-steps steps.",
+        help='Supervised warm-up on these conversations (JSONL: {"messages": [...], "tools": '
+        "[...]} per line, OpenAI format, tool calls included) before RL, for any model; "
+        "--warmup-steps steps. `--sft teacher`: the built-in task's teacher conversations "
+        "(written to OUT/sft.jsonl).",
     ),
     warmup_steps: int = typer.Option(
         150,
@@ -248,6 +255,21 @@ def train(
         metavar="N",
         help="Supervised warm-up steps: on --sft's conversations, else on the built-in task's "
         "teacher (the embedded model only).",
+    ),
+    warmup_learning_rate: float = typer.Option(
+        None,
+        "--warmup-lr",
+        metavar="LR",
+        help="AdamW learning rate of the warm-up. Default: 3e-3 for the embedded engine's "
+        "model, 1e-4 with --model.",
+    ),
+    warmup_batch_size: int = typer.Option(
+        None,
+        "--warmup-batch-size",
+        min=1,
+        metavar="N",
+        help="Conversations per warm-up step. Default: 32 for the embedded engine's model, 8 "
+        "with --model (--micro-batch-size splits either).",
     ),
     teacher_accuracy: float = typer.Option(
         0.3,
@@ -350,10 +372,15 @@ def train(
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_logs(verbose)
-    from rollwire.trainer.loop import RunSpec, run
+    from rollwire.trainer.loop import RunSpec, default_rates, run
     from rollwire.trainer.weight_sync import WeightSyncError
 
+    if sft is not None and str(sft) != "teacher" and not sft.is_file():
+        raise fail(f"--sft {sft}: no such file (or `--sft teacher` for the task's teacher)")
     shared = {k: v for k, v in locals().items() if k in RunSpec.__dataclass_fields__}
+    for key, value in default_rates(model, lora_rank).items():
+        if shared.get(key) is None:
+            shared[key] = value
     shared["tasks"], shared["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
     spec = RunSpec(
         **shared,

@@ -12,7 +12,7 @@ from typing import Any
 
 from rollwire.data.protocol import ModelCall
 
-__all__ = ["ToolHealth", "tool_health"]
+__all__ = ["ToolHealth", "tool_call_text_unparsed", "tool_health"]
 
 #: text that looks like a tool call a parser should have turned into ``tool_calls``: a Hermes /
 #: Qwen ``<tool_call>`` block, a Llama/Mistral-style special marker, or a bare JSON call object
@@ -41,11 +41,28 @@ class ToolHealth:
     def add(self, call: ModelCall) -> None:
         """Count ``call``."""
         self.offered += bool(call.request.get("tools"))
-        message = _message(call.response)
-        self.parsed += len(message.get("tool_calls") or [])
-        content = message.get("content")
-        text = content if isinstance(content, str) else ""
-        self.unparsed += bool(_TOOL_CALL_TEXT.search(text))
+        self.parsed += len(_message(call.response).get("tool_calls") or [])
+        self.unparsed += tool_call_text_unparsed(call)
+
+    def flags(self) -> list[str]:
+        """The names a step record carries: ``no_tool_calls_parsed``, ``tool_call_text_unparsed``."""
+        out = ["no_tool_calls_parsed"] if self.none_parsed else []
+        return out + (["tool_call_text_unparsed"] if self.unparsed else [])
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready counts, with ``none_parsed`` (the flag)."""
+        return {
+            "offered": self.offered,
+            "parsed": self.parsed,
+            "unparsed": self.unparsed,
+            "none_parsed": self.none_parsed,
+        }
+
+
+def tool_call_text_unparsed(call: ModelCall) -> bool:
+    """True when ``call``'s answer text holds a tool call the server did not parse."""
+    content = _message(call.response).get("content")
+    return isinstance(content, str) and bool(_TOOL_CALL_TEXT.search(content))
 
 
 def _message(response: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Admin routes of the engine: weight versions, reloads, pause and resume, the prefix cache
-(vLLM's dev-mode routes and SGLang's pause names), model list and info, health. SGLang's weight
+"""Admin routes of the engine: weight versions, reloads, LoRA adapters, pause and resume, the
+prefix cache (vLLM's dev-mode and runtime-LoRA routes, SGLang's pause names), model list and
+info, health. SGLang's weight
 reload lives with its other routes in :mod:`.api_sglang`."""
 
 from __future__ import annotations
@@ -125,20 +126,50 @@ async def collective_rpc(engine: Engine, request: Request) -> Response:
 
 
 async def models(engine: Engine, request: Request) -> Response:
+    """The served names, then each loaded LoRA adapter (``root``: its folder, ``parent``: the
+    base), as vLLM lists them."""
+    card = {"object": "model", "created": engine.created, "owned_by": "rollwire", "permission": []}
     cards: list[dict[str, Any]] = [
         {
             "id": served,
-            "object": "model",
-            "created": engine.created,
-            "owned_by": "rollwire",
+            **card,
             "root": engine.model_name,
             "parent": None,
             "max_model_len": engine.model.config.max_model_len,
-            "permission": [],
         }
         for served in engine.config.served_model_names
     ]
+    cards += [
+        {"id": a.name, **card, "root": a.path, "parent": engine.model_name}
+        for a in engine.adapters.values()
+    ]
     return _json({"object": "list", "data": cards})
+
+
+async def load_lora_adapter(engine: Engine, request: Request) -> Response:
+    """vLLM's ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"?}``: a PEFT
+    LoRA folder served to requests whose ``model`` is ``lora_name``; answers vLLM's text."""
+    body = await _body(request)
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+        raise _HTTPError(400, "Both 'lora_name' and 'lora_path' must be provided.")
+    try:
+        await engine.load_adapter(name, path, replace=_bool(body, "load_inplace", False))
+    except WeightsError as exc:
+        raise _HTTPError(400, str(exc), param="lora_path") from exc
+    return Response(f"Success: LoRA adapter '{name}' added successfully.", 200)
+
+
+async def unload_lora_adapter(engine: Engine, request: Request) -> Response:
+    """vLLM's ``POST /v1/unload_lora_adapter {"lora_name"}`` (404 when it is not loaded)."""
+    name = (await _body(request)).get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise _HTTPError(400, "either 'lora_name' and 'lora_int_id' needs to be provided.")
+    try:
+        await engine.unload_adapter(name)
+    except KeyError:
+        raise _HTTPError(404, f"The lora adapter '{name}' cannot be found.") from None
+    return Response(f"Success: LoRA adapter '{name}' removed successfully.", 200)
 
 
 async def health(engine: Engine, request: Request) -> Response:
@@ -168,6 +199,8 @@ def routes(engine: Engine) -> list[Route]:
     """The admin routes."""
     return [
         Route("/v1/models", endpoint(engine, models), methods=["GET"]),
+        Route("/v1/load_lora_adapter", endpoint(engine, load_lora_adapter), methods=["POST"]),
+        Route("/v1/unload_lora_adapter", endpoint(engine, unload_lora_adapter), methods=["POST"]),
         Route("/health", endpoint(engine, health), methods=["GET"]),
         Route("/update_weight_version", endpoint(engine, update_weight_version), methods=["POST"]),
         Route("/weight_info", endpoint(engine, weight_info), methods=["GET"]),

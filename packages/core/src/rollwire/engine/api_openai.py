@@ -15,7 +15,7 @@ from starlette.routing import Route
 from .api_streams import _chat_stream, _completions_stream, _Renderer
 from .faults import FaultDraw
 from .http import _body, _HTTPError, _json, _npy_b64, _session_id, _strip_ids, endpoint
-from .parsing import _split_reasoning, parse_assistant_text
+from .parsing import _split_reasoning, parse_assistant_text, parse_mistral_text
 from .runtime import Engine, _apply_faults, _token_route_forced
 from .sampling import SamplingParams
 from .scheduler import Completion
@@ -123,7 +123,8 @@ async def _chat_request(engine: Engine, request: Request) -> _ChatRequest:
 def _chat_choice(
     engine: Engine, req: _ChatRequest, render: _Renderer, i: int, c: Completion
 ) -> dict[str, Any]:
-    content, reasoning, calls = parse_assistant_text(c.text)
+    mistral = engine.config.tool_call_parser == "mistral"
+    content, reasoning, calls = (parse_mistral_text if mistral else parse_assistant_text)(c.text)
     if not req.parse_tools and calls:
         content, reasoning, calls = _without_tools(c.text)
     finish = "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason
@@ -183,7 +184,8 @@ async def chat(engine: Engine, request: Request) -> Response:
     created = int(time.time())
     if stream:
         return await _chat_stream(
-            engine, request, body, req.prompt_ids, req.params, req.forced, req.parse_tools,
+            engine, request, body, req.prompt_ids, req.params, req.forced,
+            req.parse_tools and engine.config.tool_call_parser == "hermes",
             render, rid, created, req.name, req.draw,
         )  # fmt: skip
     completions = await engine.complete(
@@ -192,6 +194,7 @@ async def chat(engine: Engine, request: Request) -> Response:
         forced=req.forced,
         want_experts=engine.config.return_routed_experts,
         request_id=request.headers.get("x-request-id"),
+        model=req.name,
     )
     choices = [_chat_choice(engine, req, render, i, c) for i, c in enumerate(completions)]
     first = completions[0]
@@ -271,7 +274,9 @@ async def completions(engine: Engine, request: Request) -> Response:
         return await _completions_stream(
             engine, body, prompt_ids, params, forced, render, rid, created, name, draw
         )
-    results = await engine.complete(prompt_ids, params, forced=forced, want_experts=want_experts)
+    results = await engine.complete(
+        prompt_ids, params, forced=forced, want_experts=want_experts, model=name
+    )
     choices = []
     for i, c in enumerate(results):
         choice: dict[str, Any] = {

@@ -142,7 +142,10 @@ async def _sse_stream(
 ) -> Response:
     """The SSE response of one streamed chat or completions request: the route's chunks, then
     SGLang's ``sglext`` chunk and the usage chunk when asked, then ``[DONE]``."""
-    reqs, q = await engine.generate_many(prompt_ids, params, forced=forced, stream=True)
+    model = body.get("model")  # checked by the route: a string or None
+    reqs, q = await engine.generate_many(
+        prompt_ids, params, forced=forced, stream=True, model=model
+    )
     sglext = _bool(body, "return_output_ids_in_sglext", False) and not draw.drop_token_ids
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 

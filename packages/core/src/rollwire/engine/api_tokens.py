@@ -23,7 +23,7 @@ async def inference_generate(engine: Engine, request: Request) -> Response:
     ids = body.get("token_ids")
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
         raise _bad("token_ids", "a list of token ids", ids)
-    _model_name(engine, body)
+    name = _model_name(engine, body)
     sp = body.get("sampling_params")
     sp = {} if sp is None else sp
     if not isinstance(sp, dict):
@@ -42,6 +42,7 @@ async def inference_generate(engine: Engine, request: Request) -> Response:
         forced=forced,
         request_id=rid,
         want_experts=engine.config.return_routed_experts,
+        model=name,
     )
     choice: dict[str, Any] = {
         "index": 0,

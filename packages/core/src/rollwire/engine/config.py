@@ -30,10 +30,14 @@ class FaultConfig:
     drop_token_ids_rate: float = 0.0
     seed: int = 0
     retry_after_s: int = 1
+    #: Not drawn per request: ``/v1/load_lora_adapter`` answers success and lists the adapter,
+    #: but requests naming it are served by the base weights (an adapter that never arrived;
+    #: a weight sync's probe must catch it)
+    ignore_lora_loads: bool = False
 
     @property
     def active(self) -> bool:
-        """Whether any fault can fire."""
+        """Whether any per-request fault can fire."""
         return any(
             (
                 self.error_rate,
@@ -63,6 +67,10 @@ class EngineConfig:
     strict_model_name: bool = True
     logprobs_mode: Literal["raw", "processed"] = "raw"
     return_routed_experts: bool = False
+    #: how tool calls are read from the model's text when a request offers tools (vLLM's
+    #: ``--tool-call-parser``): ``hermes`` (``<tool_call>`` JSON blocks, what the engine's and
+    #: SmolLM2's templates teach) or ``mistral`` (``[TOOL_CALLS]`` JSON; non-streamed answers)
+    tool_call_parser: Literal["hermes", "mistral"] = "hermes"
     scripted: str | Path | Mapping[str, Any] | ScriptFn | None = None
     faults: FaultConfig = field(default_factory=FaultConfig)
     weight_version: str = "0"

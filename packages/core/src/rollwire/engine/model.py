@@ -364,9 +364,13 @@ class TinyModel:
     def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
         """The dense SwiGLU feed-forward (gate and up projections fused in one matmul)."""
         assert self.w.mlp_in is not None and self.w.mlp_out is not None
-        gate_up = x @ self.w.mlp_in[layer]
+        gate_up = self._proj(x, "mlp_in", layer)
         h = self.config.expert_hidden
-        return (_silu(gate_up[:, :h]) * gate_up[:, h:]) @ self.w.mlp_out[layer]
+        return self._proj(_silu(gate_up[:, :h]) * gate_up[:, h:], "mlp_out", layer)
+
+    def _proj(self, x: np.ndarray, name: str, layer: int) -> np.ndarray:
+        """``x @`` layer ``layer`` of the matrix ``name`` (a LoRA adapter adds its delta here)."""
+        return x @ getattr(self.w, name)[layer]
 
     def _qkv(
         self, layer: int, x: np.ndarray, pos: np.ndarray
@@ -377,7 +381,7 @@ class TinyModel:
         N, H, KV, hd = x.shape[0], cfg.n_heads, cfg.kv_heads, cfg.head_dim
         qw, kw = cfg.q_width, cfg.kv_width
         h = _rmsnorm(x, w.attn_norm[layer], cfg.norm_eps)
-        qkv = h @ w.wqkv[layer]
+        qkv = self._proj(h, "wqkv", layer)
         if w.bqkv is not None:
             qkv += w.bqkv[layer]
         q = qkv[:, :qw].reshape(N, H, hd)
@@ -394,7 +398,7 @@ class TinyModel:
         """The residual stream after the attention output ``att`` and the feed-forward, and the
         experts each row was routed to (``[N, top_k]``; ``[N, 0]`` for a dense model)."""
         cfg, w = self.config, self.w
-        o = att @ w.wo[layer]
+        o = self._proj(att, "wo", layer)
         if w.bo is not None:
             o += w.bo[layer]
         x = x + o

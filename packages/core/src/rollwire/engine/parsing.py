@@ -7,7 +7,11 @@ import re
 import uuid
 from typing import Any
 
-__all__ = ["StreamParser", "parse_assistant_text"]
+__all__ = ["TOOL_CALL_PARSERS", "StreamParser", "parse_assistant_text", "parse_mistral_text"]
+
+#: the tool-call formats the engine parses (vLLM's ``--tool-call-parser`` names)
+TOOL_CALL_PARSERS = ("hermes", "mistral")
+_MISTRAL_OPEN = "[TOOL_CALLS]"
 
 _TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
@@ -44,6 +48,27 @@ def _split_reasoning(text: str) -> tuple[str | None, str]:
         # Cut off mid-thought (max_tokens): everything is reasoning.
         return stripped[len(_THINK_OPEN) :].lstrip("\n"), ""
     return None, text
+
+
+def parse_mistral_text(text: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+    """``(content, reasoning, tool_calls)`` as a Mistral-format parser reads model output: a JSON
+    list of ``{"name", "arguments"}`` after ``[TOOL_CALLS]``; anything else is content (so a
+    model that writes Hermes ``<tool_call>`` blocks gets none parsed)."""
+    reasoning, rest = _split_reasoning(text)
+    head, marker, tail = rest.partition(_MISTRAL_OPEN)
+    if not marker:
+        return rest or None, reasoning, []
+    try:
+        items = json.loads(tail)
+    except ValueError:
+        return rest or None, reasoning, []
+    calls = [
+        call for item in (items if isinstance(items, list) else [items])
+        if (call := _tool_call(json.dumps(item))) is not None
+    ]  # fmt: skip
+    if not calls:
+        return rest or None, reasoning, []
+    return head.strip() or None, reasoning, calls
 
 
 def parse_assistant_text(text: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:

@@ -26,6 +26,9 @@ class _Entry:
     k: np.ndarray  # [layers, heads, n, head_dim]
     v: np.ndarray
     experts: np.ndarray  # [n, layers, top_k] int32
+    #: the weights its KV came from: 0 the base, else a LoRA adapter load's tag (and its name)
+    tag: int = 0
+    adapter: str | None = None
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -53,17 +56,27 @@ class PrefixCache:
         self._entries.clear()
         self.tokens = 0
 
+    def drop_tag(self, adapter: str) -> None:
+        """Drop every entry computed with the LoRA adapter named ``adapter`` (unloaded)."""
+        for key, e in list(self._entries.items()):
+            if e.adapter == adapter:
+                del self._entries[key]
+                self.tokens -= e.ids.shape[0]
+
     def restore(
-        self, model: TinyModel, ids: Sequence[int], limit: int
+        self, model: TinyModel, ids: Sequence[int], limit: int, tag: int = 0
     ) -> tuple[KVCache, np.ndarray | None]:
         """A fresh cache holding the KV of the longest cached prefix of ``ids`` (at most ``limit``
-        tokens), and that prefix's routed experts (None when nothing matched)."""
+        tokens) computed with the same weights (``tag``), and that prefix's routed experts (None
+        when nothing matched)."""
         cache = model.new_cache(max(64, len(ids) + 64))
         if limit <= 0 or not self._entries:
             return cache, None
         query = np.asarray(ids, dtype=np.int64)
         best_key, best = -1, 0
         for key, e in self._entries.items():
+            if e.tag != tag:
+                continue
             m = _common_prefix(e.ids, query)
             if m > best:
                 best_key, best = key, m
@@ -78,13 +91,23 @@ class PrefixCache:
         self.hit_tokens += best
         return cache, e.experts[:best]
 
-    def insert(self, ids: Sequence[int], cache: KVCache, experts: np.ndarray) -> None:
-        """Remember the first ``cache.length`` tokens of ``ids`` (their KV and experts)."""
+    def insert(
+        self,
+        ids: Sequence[int],
+        cache: KVCache,
+        experts: np.ndarray,
+        tag: int = 0,
+        adapter: str | None = None,
+    ) -> None:
+        """Remember the first ``cache.length`` tokens of ``ids`` (their KV and experts), computed
+        with the weights ``tag`` (of the LoRA adapter ``adapter``; 0 and None: the base)."""
         n = cache.length
         if n == 0 or n > self.max_tokens or len(ids) < n or experts.shape[0] < n:
             return
         arr = np.asarray(ids[:n], dtype=np.int64)
         for key, e in list(self._entries.items()):
+            if e.tag != tag:
+                continue
             m = _common_prefix(e.ids, arr)
             if m == n:  # already covered by a longer (or equal) entry
                 self._entries.move_to_end(key)
@@ -97,6 +120,8 @@ class PrefixCache:
             cache.k[:, :, :n].copy(),
             cache.v[:, :, :n].copy(),
             np.ascontiguousarray(experts[:n], dtype=np.int32),
+            tag,
+            adapter,
         )
         self._entries[self._next] = entry
         self._next += 1

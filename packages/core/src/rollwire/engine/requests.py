@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .lora import ServedAdapter
 from .model import KVCache
-from .sampling import LogprobsMode, SamplingParams
+from .sampling import LogprobsMode, SamplingParams, token_rank, top_logprobs
 from .tokenizer import EngineTokenizer
 
 __all__ = ["Completion", "Emit", "FinishReason", "GenerationRequest", "TokenEvent"]
@@ -83,6 +84,9 @@ class GenerationRequest:
     stream: bool = False
     logprobs_mode: LogprobsMode = "raw"
     want_experts: bool = False
+    #: The LoRA adapter the request names (None: the base weights); the scheduler follows a
+    #: reload of it by name
+    lora: ServedAdapter | None = None
     aborted: bool = False
     #: Set once the request's Completion (or error) was emitted.
     finished: bool = False
@@ -92,6 +96,8 @@ class GenerationRequest:
     #: The scheduler's weights generation at admission; a reload in flight bumps it, and a
     #: sequence whose KV spans two weight sets is not offered to the prefix cache.
     weights_gen: int = 0
+    #: The adapter load the request was admitted under (0: the base): its prefix-cache tag
+    cache_tag: int = 0
     cache: KVCache | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -111,6 +117,22 @@ class GenerationRequest:
     def abort(self) -> None:
         """Ask the worker to stop this request at the next step (finish_reason ``abort``)."""
         self.aborted = True
+
+    def record(self, tid: int, lp: np.ndarray, version: str) -> None:
+        """Append the sampled (or forced) token ``tid`` with its log-probs row ``lp``, sampled
+        under weight ``version``; a streaming request gets its :class:`TokenEvent`."""
+        p = self.params
+        logprob = float(lp[tid])
+        rank = token_rank(lp, tid) if p.logprobs is not None else 1
+        top = top_logprobs(lp, p.logprobs) if p.logprobs else []
+        self.output_ids.append(tid)
+        self.logprobs.append(logprob)
+        self.ranks.append(rank)
+        self.tops.append(top)
+        self.versions.append(version)
+        if self.stream:
+            shown = top if p.logprobs is not None else None
+            self.emit(TokenEvent(len(self.output_ids) - 1, tid, logprob, rank, shown, version))
 
     def cut_forced(
         self, tokenizer: EngineTokenizer

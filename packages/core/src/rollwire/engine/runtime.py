@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from starlette.requests import Request
 from .config import EngineConfig
 from .faults import FaultDraw, FaultInjector
 from .http import _HTTPError, _session_id
+from .lora import LoraDelta, ServedAdapter, adapted, adapter_version, read_adapter
 from .model import ModelConfig, TinyModel, WeightsError
 from .sampling import SamplingParams
 from .scheduler import Completion, GenerationRequest, PauseMode, Scheduler
@@ -77,6 +78,9 @@ class Engine:
         )
         self.faults = FaultInjector(config.faults)
         self.created = int(time.time())
+        #: LoRA adapters loaded by name (``/v1/load_lora_adapter``), in load order
+        self.adapters: dict[str, ServedAdapter] = {}
+        self._adapter_tags = 0
 
     @staticmethod
     def _initial_model(config: EngineConfig, tokenizer: EngineTokenizer | None = None) -> TinyModel:
@@ -111,14 +115,67 @@ class Engine:
         weights keep serving and :class:`WeightsError` says what was wrong."""
         async with self._reload_lock:
             model = await asyncio.to_thread(self._compatible, path)
+            # the adapters stay loaded, as in vLLM: applied to the new base
+            adapters = await asyncio.to_thread(self._reapplied, model)
 
             def swap() -> None:
-                self.scheduler.swap_model(model)
+                self.scheduler.swap_model(model, adapters)
                 self.model = model
+                self.adapters = adapters
                 if version is not None:
                     self.weight_version = version
 
             await asyncio.wrap_future(self.scheduler.between_steps(swap))
+
+    def _served(
+        self, name: str, path: str, version: str, deltas: Sequence[LoraDelta], base: TinyModel
+    ) -> ServedAdapter:
+        self._adapter_tags += 1
+        # the injected fault: the load answers success, the base weights keep answering
+        model = base if self.config.faults.ignore_lora_loads else adapted(base, deltas)
+        return ServedAdapter(name, path, version, model, self._adapter_tags, tuple(deltas))
+
+    def _reapplied(self, base: TinyModel) -> dict[str, ServedAdapter]:
+        return {
+            n: self._served(n, a.path, a.version, a.deltas, base) for n, a in self.adapters.items()
+        }
+
+    async def load_adapter(self, name: str, path: str, *, replace: bool = False) -> None:
+        """Load the PEFT LoRA folder ``path`` under ``name`` (off the event loop; swapped in
+        between two scheduler steps). A name already loaded is an error unless ``replace``; a
+        bad folder raises :class:`WeightsError` and changes nothing."""
+        async with self._reload_lock:
+            if name in self.adapters and not replace:
+                raise WeightsError(f"The lora adapter '{name}' has already been loaded.")
+            if name in self.config.served_model_names:
+                raise WeightsError(f"{name!r} is the base model's served name; pick another")
+            base = self.model
+            deltas = await asyncio.to_thread(read_adapter, path, base.config)
+            version = adapter_version(name, self.weight_version)
+            served = await asyncio.to_thread(self._served, name, path, version, deltas, base)
+            await asyncio.wrap_future(
+                self.scheduler.between_steps(lambda: self._set_adapter(name, served))
+            )
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forget the adapter ``name`` (requests under way keep its weights until they end);
+        raises ``KeyError`` when it is not loaded."""
+        async with self._reload_lock:
+            if name not in self.adapters:
+                raise KeyError(name)
+            await asyncio.wrap_future(
+                self.scheduler.between_steps(lambda: self._set_adapter(name, None))
+            )
+
+    def _set_adapter(self, name: str, served: ServedAdapter | None) -> None:
+        adapters = dict(self.adapters)
+        if served is None:
+            adapters.pop(name, None)
+        else:
+            adapters[name] = served
+        self.adapters = adapters
+        self.scheduler.adapters = adapters
+        self.scheduler.prefix_cache.drop_tag(name)
 
     async def reset_prefix_cache(self) -> None:
         """Empty the prefix KV cache (between two steps: the worker owns it)."""
@@ -178,8 +235,10 @@ class Engine:
         stream: bool = False,
         request_id: str | None = None,
         want_experts: bool = False,
+        model: str | None = None,
     ) -> GenerationRequest:
-        """Queue one generation on the worker thread."""
+        """Queue one generation on the worker thread (``model``: a loaded LoRA adapter's name
+        serves it with that adapter; any other name, with the base weights)."""
         if not prompt_ids:
             raise _HTTPError(400, "the prompt is empty; send at least one token")
         limit = self.model.config.max_model_len
@@ -203,6 +262,7 @@ class Engine:
             stream=stream,
             logprobs_mode=self.config.logprobs_mode,
             want_experts=want_experts,
+            lora=self.adapters.get(model) if model else None,
         )
         self.scheduler.submit(req)
         return req
@@ -216,6 +276,7 @@ class Engine:
         stream: bool = False,
         request_id: str | None = None,
         want_experts: bool = False,
+        model: str | None = None,
     ) -> tuple[list[GenerationRequest], asyncio.Queue[tuple[int, Any]]]:
         """Submit one request per ``params`` entry; events arrive on the queue as ``(index, event)``."""
         loop = asyncio.get_running_loop()
@@ -237,6 +298,7 @@ class Engine:
                     stream=stream,
                     request_id=rid,
                     want_experts=want_experts,
+                    model=model,
                 )
             )
         return reqs, q

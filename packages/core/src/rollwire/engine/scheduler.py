@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from ._blas import acquire_single_thread_blas, release_single_thread_blas
+from .lora import ServedAdapter
 from .model import TinyModel
 from .prefix_cache import PrefixCache
 from .requests import Completion, FinishReason, GenerationRequest, TokenEvent
@@ -49,6 +50,8 @@ class Scheduler:
         if prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self.model = model
+        #: the LoRA adapters by name (replaced whole, between steps, by the engine)
+        self.adapters: dict[str, ServedAdapter] = {}
         self._version = version
         self._max_batch = max_batch_size
         self._chunk = prefill_chunk_tokens
@@ -197,12 +200,27 @@ class Scheduler:
         self._wake()
         return fut
 
-    def swap_model(self, model: TinyModel) -> None:
-        """Serve ``model`` from the next step on and drop the prefix cache (its KV came from the
-        old weights); call it through :meth:`between_steps` while the worker runs."""
+    def swap_model(
+        self, model: TinyModel, adapters: dict[str, ServedAdapter] | None = None
+    ) -> None:
+        """Serve ``model`` (and ``adapters`` applied to it) from the next step on and drop the
+        prefix cache (its KV came from the old weights); call it through :meth:`between_steps`
+        while the worker runs."""
         self.model = model
+        if adapters is not None:
+            self.adapters = adapters
         self.weights_gen += 1
         self.prefix_cache.clear()
+
+    def _model(self, req: GenerationRequest) -> TinyModel:
+        """The weights ``req`` runs on: its adapter's (as reloaded, while loaded), or the base."""
+        if req.lora is None:
+            return self.model
+        req.lora = self.adapters.get(req.lora.name, req.lora)
+        return req.lora.model
+
+    def _version_of(self, req: GenerationRequest) -> str:
+        return self._version() if req.lora is None else req.lora.version
 
     # ----------------------------------------------------------------- worker
     def _wake(self) -> None:
@@ -302,6 +320,8 @@ class Scheduler:
                 return
             p = req.params
             req.weights_gen = self.weights_gen
+            model = self._model(req)
+            req.cache_tag = req.lora.tag if req.lora is not None else 0
             req.rng = np.random.default_rng(
                 p.seed if p.seed is not None else self._seeds.spawn(1)[0]
             )
@@ -317,7 +337,7 @@ class Scheduler:
             req.seq = req.prompt_ids + (req.forced_ids or [])
             # Prompt log-probs need logits at every prompt position: compute them all.
             limit = len(req.prompt_ids) - 1 if p.prompt_logprobs is None else 0
-            req.cache, experts = self.prefix_cache.restore(self.model, req.seq, limit)
+            req.cache, experts = self.prefix_cache.restore(model, req.seq, limit, req.cache_tag)
             req.fed = req.cached_tokens = req.cache.length
             if experts is not None:
                 req.experts.append(experts)
@@ -351,7 +371,7 @@ class Scheduler:
         b = min(a + self._chunk, len(req.seq))
         # Rows before the last prompt token are only read for prompt log-probs.
         skip = 0 if req.prompt_lp is not None else min(max(P - 1 - a, 0), b - a)
-        logits, experts = self.model.forward(req.seq[a:b], req.cache, logits_from=skip)
+        logits, experts = self._model(req).forward(req.seq[a:b], req.cache, logits_from=skip)
         self.prefill_chunks += 1
         req.experts.append(experts)
         req.fed = b
@@ -372,9 +392,9 @@ class Scheduler:
                 lps = token_logprobs(
                     logits[f0 - base : f1 - base], req.logprobs_mode, p.temperature
                 )
-                version = self._version()
+                version = self._version_of(req)
                 for i in range(f1 - f0):
-                    self._record(req, forced[f0 - P + 1 + i], lps[i], version)
+                    req.record(forced[f0 - P + 1 + i], lps[i], version)
         if b < len(req.seq):
             self._prefilling.append(req)
             return
@@ -386,35 +406,13 @@ class Scheduler:
         elif not self._accept(req, logits[-1]):
             self._active.append(req)
 
-    def _record(self, req: GenerationRequest, tid: int, lp: np.ndarray, version: str) -> None:
-        p = req.params
-        logprob = float(lp[tid])
-        rank = token_rank(lp, tid) if p.logprobs is not None else 1
-        top = top_logprobs(lp, p.logprobs) if p.logprobs else []
-        req.output_ids.append(tid)
-        req.logprobs.append(logprob)
-        req.ranks.append(rank)
-        req.tops.append(top)
-        req.versions.append(version)
-        if req.stream:
-            req.emit(
-                TokenEvent(
-                    len(req.output_ids) - 1,
-                    tid,
-                    logprob,
-                    rank,
-                    top if p.logprobs is not None else None,
-                    version,
-                )
-            )
-
     def _accept(self, req: GenerationRequest, logits: np.ndarray) -> bool:
         """Sample from ``logits``, record the token and finish if a stop condition hit; True if finished."""
         p = req.params
         assert req.rng is not None
         tid = choose_token(logits, p, req.rng)
         lp = token_logprobs(logits, req.logprobs_mode, p.temperature)
-        self._record(req, tid, lp, self._version())
+        req.record(tid, lp, self._version_of(req))
         if req.aborted:
             self._finish(req, "abort", None)
             return True
@@ -447,15 +445,24 @@ class Scheduler:
         self._active = live
         if not live:
             return
-        caches = [r.cache for r in live]
-        assert all(c is not None for c in caches)
-        logits, experts = self.model.decode_batch([r.output_ids[-1] for r in live], caches)  # type: ignore[arg-type]
+        # one batched decode per weight set (the base, each adapter in use)
+        groups: dict[int, list[GenerationRequest]] = {}
+        models: dict[int, TinyModel] = {}
+        for r in live:
+            model = self._model(r)
+            models[id(model)] = model
+            groups.setdefault(id(model), []).append(r)
         self.steps += 1
         still: list[GenerationRequest] = []
-        for i, r in enumerate(live):
-            r.experts.append(experts[i : i + 1])
-            if not self._accept(r, logits[i]):
-                still.append(r)
+        for key, reqs in groups.items():
+            caches = [r.cache for r in reqs]
+            assert all(c is not None for c in caches)
+            ids = [r.output_ids[-1] for r in reqs]
+            logits, experts = models[key].decode_batch(ids, caches)  # type: ignore[arg-type]
+            for i, r in enumerate(reqs):
+                r.experts.append(experts[i : i + 1])
+                if not self._accept(r, logits[i]):
+                    still.append(r)
         self._active = still
 
     def _finish(
@@ -471,9 +478,11 @@ class Scheduler:
             req.cache is not None
             and all_experts is not None
             and req.weights_gen == self.weights_gen
+            and req.cache_tag == (req.lora.tag if req.lora is not None else 0)
         ):
             fed = req.seq if req.forced_ids is not None else req.prompt_ids + req.output_ids
-            self.prefix_cache.insert(fed, req.cache, all_experts)
+            name = req.lora.name if req.lora is not None else None
+            self.prefix_cache.insert(fed, req.cache, all_experts, req.cache_tag, name)
         completion = req.completion(reason, stop_reason, self.model.tokenizer, all_experts)
         req.cache = None
         req.experts = []

@@ -179,13 +179,15 @@ def _n(body: dict[str, Any]) -> int:
 
 
 def _model_name(engine: Engine, body: dict[str, Any]) -> str:
-    """The name to echo; with ``strict_model_name`` an unknown model is vLLM's 404."""
+    """The name to echo (a loaded LoRA adapter's name serves the request with it); with
+    ``strict_model_name`` an unknown model is vLLM's 404."""
     model = body.get("model")
     if model is None or model == "":
         return engine.model_name
     if not isinstance(model, str):
         raise _bad("model", "a string", model)
-    if engine.config.strict_model_name and model not in engine.config.served_model_names:
+    served = engine.config.served_model_names
+    if engine.config.strict_model_name and model not in served and model not in engine.adapters:
         raise _HTTPError(404, f"The model `{model}` does not exist.", param="model")
     return model
 

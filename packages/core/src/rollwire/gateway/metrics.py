@@ -5,6 +5,8 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
+from rollwire.data.tool_health import ToolHealth
+
 __all__ = ["GatewayMetrics"]
 
 _LATENCY_BUCKETS_S = (
@@ -79,6 +81,8 @@ class GatewayMetrics:
         self.stale_hold_seconds = _Histogram(_HOLD_BUCKETS_S)
         self.policy_seq = 0
         self.trainer_seq: int | None = None
+        #: tool calls the backends' parsers returned vs tool-call text they left in answers
+        self.tools = ToolHealth()
 
     def call(self, endpoint: str, status: str, prompt: int, completion: int) -> None:
         """Count one captured call."""
@@ -109,6 +113,13 @@ class GatewayMetrics:
         for kind, n in sorted(self.errors.items()):
             out.append(f'rollwire_errors_total{{kind="{kind}"}} {n}')
         out += [
+            "# HELP rollwire_tool_calls_total Tool calls in captured answers: calls whose "
+            "request offered tools, tool calls the backend parsed, answers holding tool-call "
+            "text it did not parse.",
+            "# TYPE rollwire_tool_calls_total counter",
+            f'rollwire_tool_calls_total{{kind="offered"}} {self.tools.offered}',
+            f'rollwire_tool_calls_total{{kind="parsed"}} {self.tools.parsed}',
+            f'rollwire_tool_calls_total{{kind="unparsed"}} {self.tools.unparsed}',
             "# HELP rollwire_routed_experts_missing_total Calls of sessions that want routed "
             "experts that came back without them.",
             "# TYPE rollwire_routed_experts_missing_total counter",

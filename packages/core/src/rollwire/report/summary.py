@@ -16,6 +16,7 @@ import numpy as np
 
 from rollwire.data.protocol import Group, Rollout, Row
 from rollwire.data.rewards import group_advantages
+from rollwire.data.tool_health import ToolHealth
 
 __all__ = ["DriftEntry", "GroupSummary", "Summary", "drift_report", "summarize"]
 
@@ -97,6 +98,8 @@ class Summary:
     rows_with_experts: int = 0
     policy_versions: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
+    #: tool calls parsed by the server vs tool-call text it left in the answer
+    tools: ToolHealth = field(default_factory=ToolHealth)
     group_summaries: list[GroupSummary] = field(default_factory=list)
 
     @property
@@ -138,6 +141,7 @@ class Summary:
             "experts_coverage": self.experts_coverage,
             "policy_versions": dict(self.policy_versions),
             "errors": dict(self.errors),
+            "tools": self.tools.as_dict(),
         }
 
 
@@ -217,6 +221,7 @@ def _count_rollout(
         s.off_policy_calls += call.off_policy
         s.stale_calls += "stale" in call.flags
         s.calls_with_experts += call.routed_experts is not None
+        s.tools.add(call)
         flags.update(call.flags)
         if call.policy_version is not None:
             versions[call.policy_version] += 1

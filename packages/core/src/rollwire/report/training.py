@@ -87,11 +87,26 @@ def _summary_table(
     return f"<table>{body}</table>"
 
 
+def _tool_cell(s: dict[str, Any]) -> str:
+    """Tool calls parsed of the calls that offered tools; flagged when none (or not all) parsed."""
+    offered = s.get("tool_offered_calls", 0)
+    if not offered:
+        return "—"
+    cell = f"{s.get('tool_calls_parsed', 0)} / {offered}"
+    unparsed = s.get("tool_call_text_unparsed", 0)
+    if unparsed:
+        cell += f", {unparsed} unparsed"
+    flags = s.get("flags") or []
+    if "no_tool_calls_parsed" in flags:
+        return f'<b class="flag">⚠ {cell}: no tool call parsed</b>'
+    return cell
+
+
 def _step_table(steps: list[dict[str, Any]]) -> str:
     head = (
         "<tr><th>step</th><th>reward</th><th>pass</th><th>loss</th><th>KL behaviour</th>"
         "<th>IS ratio</th><th>tokens trained/sampled</th><th>tok/s</th><th>rollout s</th><th>train s</th><th>sync s</th>"
-        "<th>held-out pass@1</th></tr>"
+        "<th>tool calls parsed / calls offering tools</th><th>held-out pass@1</th></tr>"
     )
     rows = []
     for s in steps:
@@ -104,7 +119,7 @@ def _step_table(steps: list[dict[str, Any]]) -> str:
             f"<td>{t.get('kl_behaviour', 0.0):.2e}</td>"
             f"<td>{t.get('is_ratio_min', 1.0):.2f}..{t.get('is_ratio_max', 1.0):.2f}</td>"
             f"<td>{tokens}</td><td>{s['tokens_per_s']:.0f}</td><td>{s['rollout_s']:.1f}</td><td>{s['train_s']:.1f}</td>"
-            f"<td>{s['sync_s']:.2f}</td><td>{ev}</td></tr>"
+            f"<td>{s['sync_s']:.2f}</td><td>{_tool_cell(s)}</td><td>{ev}</td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"
 

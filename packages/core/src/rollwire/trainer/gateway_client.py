@@ -295,12 +295,20 @@ class GatewayClient(_Base):
         keep: bool = False,
         timeout: float,
         epoch: str | None = None,
+        adapter: str | None = None,
+        unload: list[str] | None = None,
+        seq: int | None = None,
     ) -> dict[str, Any]:
         """``POST /api/backends/{name}/weights``: the backend loads ``weights_path`` by its
         kind's transport and takes ``version`` as its weight version (a relative local path is
-        sent absolute: the server's working folder is not this process's)."""
+        sent absolute: the server's working folder is not this process's). With ``adapter``,
+        ``weights_path`` is a PEFT LoRA folder loaded under that name (``seq``: its ordinal),
+        which calls name from then on; ``unload`` names adapters to unload after it."""
         path = server_weights_path(weights_path)
-        body = _drop_none({"weights_path": path, "version": version, "keep": keep, "epoch": epoch})
+        body = _drop_none(
+            {"weights_path": path, "version": version, "keep": keep, "epoch": epoch,
+             "adapter": adapter, "unload": unload, "seq": seq}
+        )  # fmt: skip
         return dict(
             self._req("POST", f"/api/backends/{name}/weights", json=body, timeout=timeout + 30.0)
         )

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from rollwire.data.protocol import CaptureMode, Group
+from rollwire.trainer.rollouts_ahead import RolloutsAhead
 from rollwire.trainer.steps import Progress, StepRecord, batch_figures, policy_versions, step_line
 from rollwire.trainer.train_batch import Algorithm, TrainBatch, build_train_batch
 from rollwire.trainer.training_run import (
@@ -40,9 +40,24 @@ from rollwire.trainer.training_run import (
 )
 from rollwire.trainer.weight_sync import DEFAULT_PROBE_IDS, Reference, SyncReport, WeightSync
 
-__all__ = ["Export", "PolicyTrainer", "RunSpec", "Start", "StepTrace", "run"]
+__all__ = ["Export", "PolicyTrainer", "RunSpec", "Start", "StepTrace", "default_rates", "run"]
 
 log = logging.getLogger("rollwire.train")
+
+
+def default_rates(model: Path | None, lora_rank: int | None) -> dict[str, float | int]:
+    """``learning_rate``, ``warmup_learning_rate`` and ``warmup_batch_size`` for a run that does
+    not set them: the embedded engine's tiny random model learns at 1e-3 (its warm-up at 3e-3,
+    32 conversations a step); a real model's pretrained weights would be wrecked at those rates
+    (SmolLM2-135M stops emitting its tool-call format), so a ``model`` trains its full weights
+    at 1e-5 and LoRA adapters at 1e-4, and warms up at 1e-4 on 8 conversations a step."""
+    if model is None:
+        return {"learning_rate": 1e-3, "warmup_learning_rate": 3e-3, "warmup_batch_size": 32}
+    return {
+        "learning_rate": 1e-4 if lora_rank else 1e-5,
+        "warmup_learning_rate": 1e-4,
+        "warmup_batch_size": 8,
+    }
 
 
 @dataclass
@@ -79,6 +94,8 @@ class RunSpec:
     sft: Path | None = None
     warmup_steps: int = 150
     warmup_learning_rate: float = 3e-3
+    #: conversations per warm-up step
+    warmup_batch_size: int = 32
     teacher_accuracy: float = 0.3
     eval_every: int = 5
     eval_size: int = 64
@@ -136,6 +153,9 @@ class Start:
     backend: dict[str, Any] | None = None
     #: a Hugging Face tokenizer (fork classification, the probe's prompt)
     tokenizer: Any = None
+    #: a LoRA adapter (PEFT folder) the servers load on ``weights`` before step 1 (a resumed run
+    #: whose exports are adapters)
+    adapter: str | None = None
     warmup_steps: int = 0
     warmup_loss: float | None = None
     warmup_seconds: float = 0.0
@@ -143,11 +163,13 @@ class Start:
 
 @dataclass
 class Export:
-    """The trainer's weights after a step, for the servers."""
+    """The trainer's weights after a step, for the servers: a model folder (``kind="full"``) or
+    a PEFT LoRA folder the servers load on their base as ``<policy>@<version>`` (``adapter``)."""
 
     weights: str
     version: str
     seconds: float = 0.0
+    kind: Literal["full", "adapter"] = "full"
 
 
 class PolicyTrainer(Protocol):
@@ -244,32 +266,6 @@ def _serving(spec: RunSpec, start: Start) -> Iterator[Any]:
         yield stack.enter_context(serve_in_thread(backends=[backend]))
 
 
-class _Ahead:
-    """The next step's rollouts, running in a thread while this step trains (``--async``)."""
-
-    def __init__(self, client: Any, tasks: list[dict[str, Any]]) -> None:
-        self.started = time.perf_counter()
-        self.groups: list[Group] | None = None
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(client, tasks), daemon=True)
-        self._thread.start()
-
-    def _run(self, client: Any, tasks: list[dict[str, Any]]) -> None:
-        try:
-            self.groups = client.run(tasks)
-        except BaseException as exc:  # re-raised in the loop's thread
-            self.error = exc
-        self.seconds = time.perf_counter() - self.started
-
-    def wait(self) -> list[Group]:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        assert self.groups is not None
-        return self.groups
-
-
 def _step_tasks(
     spec: RunSpec, train_tasks: list[dict[str, Any]], step: int
 ) -> list[dict[str, Any]]:
@@ -302,6 +298,7 @@ def _record(
         tool_offered_calls=batch.tools.offered,
         tool_calls_parsed=batch.tools.parsed,
         tool_call_text_unparsed=batch.tools.unparsed,
+        flags=batch.tools.flags(),
         rollout_s=times["rollout"],
         rollout_wait_s=times["wait"],
         train_s=times["train"],
@@ -333,11 +330,15 @@ class _Loop:
             probe_ids=_probe_ids(start.tokenizer, held),
             probe_tokens=8,
             tolerance=trainer.tolerance if tolerance is None else tolerance,
+            # the adapters of the versions a rollout may still be sampled at stay loaded
+            max_staleness=spec.max_staleness if spec.async_rollouts else 0,
         )
         spec.log(_sampling_line(spec))
         # before step 1 the servers serve what the trainer holds, verified, and every call is
-        # labelled with the starting version
-        self.sync.sync(start.weights, start.version, seq=start.step)
+        # labelled with the starting version (a resumed LoRA run: its base, then its adapter)
+        self.sync.sync(start.weights, start.version, seq=start.step, verify=not start.adapter)
+        if start.adapter:
+            self.sync.sync(start.adapter, start.version, seq=start.step, kind="adapter")
         self.client = rollout_client(spec, gateway, capture=trainer.capture)
         stack.callback(self.client.close)
         self.evaluate = evaluator(spec, self.client, held)
@@ -359,7 +360,7 @@ class _Loop:
     def steps(self, train_tasks: list[dict[str, Any]]) -> None:
         """Steps ``start.step + 1`` .. ``spec.steps``, each on the next ``tasks_per_step`` tasks."""
         spec = self.spec
-        ahead: _Ahead | None = None
+        ahead: RolloutsAhead | None = None
         for step in range(self.start.step + 1, spec.steps + 1):
             t0 = time.perf_counter()
             if ahead is not None:
@@ -370,7 +371,7 @@ class _Loop:
                 rollout_s = time.perf_counter() - t0
             ahead = None
             if self.ahead_client is not None and step < spec.steps:
-                ahead = _Ahead(self.ahead_client, _step_tasks(spec, train_tasks, step + 1))
+                ahead = RolloutsAhead(self.ahead_client, _step_tasks(spec, train_tasks, step + 1))
             self.step(step, groups, {"rollout": rollout_s, "wait": time.perf_counter() - t0})
         if ahead is not None:
             ahead.wait()
@@ -393,7 +394,8 @@ class _Loop:
         t2 = time.perf_counter()
         if self.ahead_client is not None:  # the staleness bound counts from the trainer
             self.control.set_trainer_version(step, exported.version)
-        report = self.sync.sync(exported.weights, exported.version, seq=step)
+        report = self.sync.sync(exported.weights, exported.version, seq=step, kind=exported.kind)
+        report.save_seconds = exported.seconds
         if step % spec.save_every == 0 or step == spec.steps:
             trainer.save(step)
         t3 = time.perf_counter()

@@ -98,13 +98,18 @@ class StepRecord:
     tool_offered_calls: int = 0
     tool_calls_parsed: int = 0
     tool_call_text_unparsed: int = 0
+    #: what is wrong with this step's batch, by name: ``no_tool_calls_parsed`` (tools were
+    #: offered and the server parsed none: a parser that does not read the model's format, or
+    #: tool calls drifted into text), ``tool_call_text_unparsed`` (some answers hold tool calls
+    #: the server did not parse)
+    flags: list[str] = field(default_factory=list)
     #: the policy versions the gateway stamped on this step's calls (the previous step's)
     policy_versions: list[str] = field(default_factory=list)
     #: the trainer's statistics under rollwire's names (``loss``, ``grad_norm``, and
     #: ``kl_behaviour``, ``is_ratio_*``, ``logp_diff_*`` as ``behaviour_stats`` defines them)
     trainer: dict[str, float] = field(default_factory=dict)
-    #: what the sync hook returned, when numbers (WeightSync: the time split and the probe's
-    #: server-vs-trainer log-prob difference before and after the push)
+    #: what the sync hook returned, when numbers (WeightSync: the stages save, drain, transfer,
+    #: load, verify, the time split and the probe's server-vs-trainer log-prob difference)
     sync: dict[str, float] = field(default_factory=dict)
     eval: EvalPoint | None = None
 

@@ -28,9 +28,14 @@ class BackendSync:
     verified: bool = False
     error: str | None = None
     push_seconds: float = 0.0
+    #: of the push, the seconds the server spent loading (its reload or adapter-load route);
+    #: the rest of ``push_seconds`` is getting the request there and back, labels, unloads
+    load_seconds: float = 0.0
     probe_seconds: float = 0.0
     #: the largest |server log-prob - trainer log-prob| over the probe's tokens
     max_abs_diff: float | None = None
+    #: the same before the push (``WeightSync(probe_before=True)``): what a missed sync carries
+    before_max_abs_diff: float | None = None
     probe_ids: list[int] = field(default_factory=list)
     #: it was out of rotation as unverified when the sync began (an earlier sync failed on it,
     #: or was abandoned after pushing to it): this sync pushed to it again
@@ -47,15 +52,25 @@ class SyncReport:
 
     version: str | None
     backends: list[BackendSync] = field(default_factory=list)
+    #: ``full`` (a model folder reloaded) or ``adapter`` (a LoRA adapter loaded by name)
+    kind: str = "full"
+    #: the LoRA adapter name the servers serve the policy under (``<policy>@<version>``)
+    adapter: str | None = None
     gateways: list[str] = field(default_factory=list)
     #: the sync's pause in the store (its lease is renewed while the sync runs)
     epoch: str | None = None
     #: the epoch of an earlier sync this one took over (its trainer died mid-sync)
     took_over: str | None = None
+    #: the trainer writing what was pushed (the loop's export; 0 when not told)
+    save_seconds: float = 0.0
+    #: the pause, drained: every gateway acknowledged with no call in flight
     pause_seconds: float = 0.0
+    #: the pushes, to every server at once
     push_seconds: float = 0.0
     verify_seconds: float = 0.0
     resume_seconds: float = 0.0
+    #: the optional probe before the push (outside the pause)
+    probe_before_seconds: float = 0.0
     resumed: bool = False
 
     @property
@@ -78,9 +93,25 @@ class SyncReport:
         """Pause + push + verify + resume."""
         return self.pause_seconds + self.push_seconds + self.verify_seconds + self.resume_seconds
 
+    @property
+    def load_seconds(self) -> float:
+        """The slowest server's load (its reload or adapter-load route)."""
+        return max((b.load_seconds for b in self.backends), default=0.0)
+
+    @property
+    def transfer_seconds(self) -> float:
+        """The push less the slowest load: getting the pushes there and back, labels, unloads."""
+        return max(0.0, self.push_seconds - self.load_seconds)
+
     def summary(self) -> dict[str, Any]:
-        """Numbers for a metrics sink."""
-        return {
+        """Numbers for a metrics sink: the stages (save, drain, transfer, load, verify), the
+        time split of the sync itself (pause, push, verify, resume) and the servers' outcome."""
+        out = {
+            "sync/save_s": self.save_seconds,
+            "sync/drain_s": self.pause_seconds,
+            "sync/transfer_s": self.transfer_seconds,
+            "sync/load_s": self.load_seconds,
+            "sync/adapter": 1.0 if self.kind == "adapter" else 0.0,
             "sync/pause_s": self.pause_seconds,
             "sync/push_s": self.push_seconds,
             "sync/verify_s": self.verify_seconds,
@@ -94,6 +125,11 @@ class SyncReport:
                 default=0.0,
             ),
         }
+        before = [b.before_max_abs_diff for b in self.backends if b.before_max_abs_diff is not None]
+        if before:
+            out["sync/probe_before_max_abs_diff"] = max(before)
+            out["sync/probe_before_s"] = self.probe_before_seconds
+        return out
 
 
 def failure_line(b: BackendSync, max_failures: int) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import orjson
 
 from rollwire.data.protocol import CaptureMode
+from rollwire.data.warmup import Conversation
 from rollwire.trainer.steps import EvalPoint, StepRecord, read_steps, record_from_json, write_step
 
 __all__ = [
@@ -83,18 +84,28 @@ def task_module(settings: TrainSettings) -> Any:
     return importlib.import_module(names[settings.task])
 
 
-def warmup_conversations(settings: Any) -> list[list[dict[str, Any]]] | None:
-    """The supervised warm-up's conversations: the ``--sft`` file, else the built-in task's
-    teacher when the run starts from the embedded engine's random model; None: no warm-up."""
-    if settings.sft is not None:
+def warmup_conversations(settings: Any) -> list[Conversation] | None:
+    """The supervised warm-up's conversations: the ``--sft`` file (``teacher``: the built-in
+    task's teacher, written to ``OUT/sft.jsonl``), else the built-in task's teacher when the run
+    starts from the embedded engine's random model; None: no warm-up."""
+    teacher = settings.sft is not None and str(settings.sft) == "teacher"
+    if settings.sft is not None and not teacher:
         from rollwire.data.warmup import read_conversations
 
         return read_conversations(settings.sft)
-    if settings.model is not None or not settings.warmup_steps:
+    if not teacher and (settings.model is not None or not settings.warmup_steps):
         return None
-    return task_module(settings).warmup_conversations(  # type: ignore[no-any-return]
-        settings.warmup_steps * 32, teacher_accuracy=settings.teacher_accuracy, seed=settings.seed
+    conversations: list[Conversation] = task_module(settings).warmup_conversations(
+        max(settings.warmup_steps, 1) * 32,
+        teacher_accuracy=settings.teacher_accuracy,
+        seed=settings.seed,
     )
+    if teacher:
+        Path(settings.out).mkdir(parents=True, exist_ok=True)
+        (Path(settings.out) / "sft.jsonl").write_bytes(
+            b"".join(orjson.dumps(c) + b"\n" for c in conversations)
+        )
+    return conversations
 
 
 def datasets(settings: TrainSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -7,6 +7,11 @@ push by each backend's transport, probe every server with a short greedy request
 log-probs with the trainer's own model, take a server that disagrees out of rotation, set the
 policy version, resume. A server is never stamped with a version it was not verified on.
 
+A sync pushes a model folder (``kind="full"``: each server reloads it) or a LoRA adapter
+(``kind="adapter"``: a PEFT folder each server loads under ``<policy>@<version>`` beside the
+adapters ``max_staleness`` still allows, older ones unloaded; the gateway's calls name it from
+then on). Every server is pushed to and probed at once.
+
 A server whose push or probe failed stays out of rotation as *unverified*, and the next sync
 pushes to it again; after ``max_failures`` failed syncs in a row it is quarantined for good (a
 person puts it back). A sync succeeds when at least one server was verified.
@@ -15,8 +20,6 @@ person puts it back). A sync succeeds when at least one server was verified.
 from __future__ import annotations
 
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +29,16 @@ import httpx
 
 from rollwire.trainer.gateway_client import GatewayAPIError, GatewayClient, server_weights_path
 from rollwire.trainer.sync_report import BackendSync, SyncReport, WeightSyncError, failure_line
+from rollwire.trainer.sync_servers import (
+    EpochOver,
+    LeaseKeeper,
+    Push,
+    each,
+    mismatch,
+    probe,
+    push,
+    unloads,
+)
 
 __all__ = [
     "DEFAULT_PROBE_IDS",
@@ -46,6 +59,10 @@ DEFAULT_PROBE_IDS: tuple[int, ...] = (17, 42, 99, 7, 64, 120, 33, 5)
 
 #: backend kinds that have a weight transport (``openai`` is a hosted API: nothing to push)
 SYNC_KINDS = ("vllm", "sglang", "tinker")
+#: backend kinds that load a LoRA adapter by name (vLLM's runtime LoRA routes; the engine)
+ADAPTER_KINDS = ("vllm",)
+#: what a sync pushes: a model folder, or a PEFT LoRA adapter folder
+EXPORT_KINDS = ("full", "adapter")
 
 #: how the gateway begins the out-of-rotation reason of a server a sync pushed to and did not
 #: verify (``rollwire.gateway.sync_barrier.UNVERIFIED_PREFIX``): the next sync pushes to it again
@@ -65,7 +82,10 @@ class WeightSync:
     the drain). The pause is a ``lease`` (seconds) the sync renews while it runs: if this
     process dies, the gateways resume by themselves after it, with the servers it pushed to out
     of rotation. A server that fails ``max_failures`` syncs in a row is quarantined for good;
-    until then each sync pushes to it again.
+    until then each sync pushes to it again. An adapter sync loads ``<policy>@<version>`` and
+    keeps the adapters of the ``max_staleness`` versions before it loaded. ``probe_before``
+    probes each server before the push too (outside the pause): how far the old weights are
+    from the new, a diagnostic the verification does not need.
     """
 
     def __init__(
@@ -83,6 +103,9 @@ class WeightSync:
         push_timeout: float = 600.0,
         lease: float = 60.0,
         max_failures: int = 3,
+        policy: str = "policy",
+        max_staleness: int = 0,
+        probe_before: bool = False,
     ) -> None:
         if mode not in ("drain", "keep"):
             raise ValueError(f"mode must be 'drain' or 'keep', got {mode!r}")
@@ -96,6 +119,11 @@ class WeightSync:
             )
         if probe_tokens < 1 or not probe_ids:
             raise ValueError("the probe needs at least one prompt id and one token")
+        if not policy or "@" in policy or max_staleness < 0:
+            raise ValueError(
+                f"policy must be a name without '@' and max_staleness 0 or more; got {policy!r} "
+                f"and {max_staleness!r}"
+            )
         self.gateway = GatewayClient(gateway, admin_key) if isinstance(gateway, str) else gateway
         self.reference = reference
         self.probe_ids = [int(t) for t in probe_ids]
@@ -107,14 +135,18 @@ class WeightSync:
         self.push_timeout = push_timeout
         self.lease = lease
         self.max_failures = max_failures
+        self.policy = policy
+        self.max_staleness = max_staleness
+        self.probe_before = probe_before
         self.history: list[SyncReport] = []
         #: failed syncs in a row, per backend name (a verified sync forgets it)
         self.failures: dict[str, int] = {}
 
     # ------------------------------------------------------------------ public
-    def backends(self) -> list[dict[str, Any]]:
+    def backends(self, kind: str = "full") -> list[dict[str, Any]]:
         """The servers a sync pushes to (every one in rotation, and those an abandoned sync left
-        out as unverified); a kind that cannot take weights is an error here, before any step."""
+        out as unverified); a kind that cannot take weights (or, for ``kind="adapter"``, a LoRA
+        adapter) is an error here, before any step."""
         found = [b for b in self._listed() if _unverified(b) or not b.get("quarantined")]
         if not found:
             raise ValueError(
@@ -127,6 +159,14 @@ class WeightSync:
             raise ValueError(
                 f"cannot push weights to {names}: only {SYNC_KINDS} backends take weights; "
                 "remove them from the gateway or let their own trainer update them"
+            )
+        bad = [b for b in found if kind == "adapter" and b["kind"] not in ADAPTER_KINDS]
+        if bad:
+            names = ", ".join(f"{b['name']} ({b['kind']}, {b['url']})" for b in bad)
+            raise ValueError(
+                f"cannot load a LoRA adapter into {names}: only {ADAPTER_KINDS} backends load "
+                "adapters by name (vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora, "
+                "or the embedded engine); push the merged model instead"
             )
         return found
 
@@ -149,12 +189,13 @@ class WeightSync:
         for b in [b for b in self.backends() if not b.get("quarantined")]:
             entry = BackendSync(name=b["name"], url=b["url"], kind=b["kind"], pushed=True)
             report.backends.append(entry)
-            try:
-                self._verify(entry, reference or self.reference)
-                if not entry.verified:  # at start-up, a set-up error: out until a person fixes it
-                    self._quarantine(entry, entry.error or "the start-up check failed")
-            except httpx.TransportError as exc:
-                raise self._gateway_gone(report, "start-up check", exc) from exc
+        try:
+            self._verify(report.backends, reference or self.reference, self.verify)
+        except httpx.TransportError as exc:
+            raise self._gateway_gone(report, "start-up check", exc) from exc
+        for entry in report.backends:
+            if not entry.verified:  # at start-up, a set-up error: out until a person fixes it
+                self._quarantine(entry, entry.error or "the start-up check failed")
         report.verify_seconds = time.perf_counter() - t0
         report.resumed = True
         self._fail_if_any(report, "start-up check")
@@ -167,41 +208,60 @@ class WeightSync:
         *,
         reference: Reference | None = None,
         seq: int | None = None,
+        kind: str = "full",
+        verify: bool | None = None,
     ) -> SyncReport:
-        """Push ``weights_path`` (a Hugging Face folder every server can read; a relative one is
-        sent absolute), verify, stamp ``version`` (with ordinal ``seq``, e.g. the trainer's step;
-        default: one more than the last, which ``max_staleness`` counts in) on the servers
-        verified. A server that failed is left out of rotation (logged, and in the report); raises
-        :class:`WeightSyncError` when no server was verified, or the gateway stopped answering."""
-        targets = self.backends()
-        path = server_weights_path(weights_path)
-        report = SyncReport(version=str(version))
+        """Push ``weights_path`` (a Hugging Face folder every server can read, or with
+        ``kind="adapter"`` a PEFT LoRA folder; a relative one is sent absolute), verify, stamp
+        ``version`` (with ordinal ``seq``, e.g. the trainer's step; default: one more than the
+        last, which ``max_staleness`` counts in) on the servers verified (``verify=False``: a
+        server that answers the probe counts). A server that failed is left out of rotation
+        (logged, and in the report); raises :class:`WeightSyncError` when no server was
+        verified, or the gateway stopped answering."""
+        if kind not in EXPORT_KINDS:
+            raise ValueError(f"kind must be one of {EXPORT_KINDS}, got {kind!r}")
+        targets = self.backends(kind)
+        adapter = f"{self.policy}@{version}" if kind == "adapter" else None
+        if adapter is not None and seq is None:  # as the gateway would number it
+            now = self.gateway.staleness()
+            seq = int(now.get("policy_seq") or 0) + (now.get("policy_version") != str(version))
+        report = SyncReport(version=str(version), kind=kind, adapter=adapter)
         self.history.append(report)
+        entries = [
+            BackendSync(name=b["name"], url=b["url"], kind=b["kind"], retried=_unverified(b))
+            for b in targets
+        ]
+        reference = reference or self.reference
+        if self.probe_before:
+            self._probe_before(report, entries, reference)
         t0 = time.perf_counter()
         self._begin(report)
         t1 = time.perf_counter()
         report.pause_seconds = t1 - t0
-        lease = _LeaseKeeper(self.gateway, str(report.epoch), self.lease)
+        lease = LeaseKeeper(self.gateway, str(report.epoch), self.lease)
         lease.start()
         step = "push"
         try:
-            for b in targets:
-                entry = BackendSync(
-                    name=b["name"], url=b["url"], kind=b["kind"], retried=_unverified(b)
-                )
-                report.backends.append(entry)
-                self._push(entry, path, str(version), str(report.epoch))
+            what = Push(
+                weights_path=server_weights_path(weights_path), version=str(version),
+                epoch=str(report.epoch), keep=self.mode == "keep", timeout=self.push_timeout,
+                adapter=adapter, seq=seq,
+            )  # fmt: skip
+            # what max_staleness allows stays loaded (and, across a keep-mode push, the adapter
+            # the calls in flight still decode with)
+            keep_from = (seq or 0) - max(self.max_staleness, int(self.mode == "keep"))
+            report.backends.extend(entries)
+            drop = [unloads(b, self.policy, keep_from, adapter) if adapter else [] for b in targets]
+            each(lambda i: push(self.gateway, entries[i], what, drop[i]), range(len(entries)))
             t2 = time.perf_counter()
             report.push_seconds = t2 - t1
             step = "verification"
-            for entry in report.backends:
-                if entry.pushed:
-                    self._verify(entry, reference or self.reference)
+            self._verify([e for e in entries if e.pushed], reference, verify)
             t3 = time.perf_counter()
             report.verify_seconds = t3 - t2
             step = "end (stamping the version and resuming)"
             if lease.lost is not None:
-                raise _EpochOver(lease.lost)
+                raise EpochOver(lease.lost)
             for entry in report.backends:
                 self._count(entry, report)
             if any(e.verified for e in report.backends):
@@ -211,7 +271,7 @@ class WeightSync:
             # the gateway died or is cut off: the pause stays in the store until its lease
             # lapses, so nothing is served under a label whose weights were not verified
             raise self._gateway_gone(report, f"sync to {version!r}", exc, step) from exc
-        except _EpochOver as exc:
+        except EpochOver as exc:
             raise WeightSyncError(
                 f"sync to {version!r}: this sync's pause ended before the {step} was done: "
                 f"{exc}. Nothing was stamped; the servers it pushed to are out of rotation as "
@@ -245,7 +305,7 @@ class WeightSync:
             self.gateway.sync_end(version=report.version, seq=seq, epoch=report.epoch)
         except GatewayAPIError as exc:
             if exc.code == "sync_epoch_over":
-                raise _EpochOver(exc.message) from exc
+                raise EpochOver(exc.message) from exc
             raise
         report.resumed = True
 
@@ -308,59 +368,51 @@ class WeightSync:
         )
 
     # ------------------------------------------------------------------ steps
-    def _push(self, entry: BackendSync, weights_path: str, version: str, epoch: str) -> None:
+    def _verify(
+        self, entries: list[BackendSync], reference: Reference | None, verify: bool | None
+    ) -> None:
+        """Probe every server at once, then score each answer with ``reference`` (in this
+        thread: a trainer's model is not shared across threads; equal answers scored once)."""
+        check = self.verify if verify is None else verify
         t0 = time.perf_counter()
-        try:
-            self.gateway.push_weights(
-                entry.name,
-                weights_path=weights_path,
-                version=version,
-                keep=self.mode == "keep",
-                timeout=self.push_timeout,
-                epoch=epoch,
-            )
-            entry.pushed = True
-        except GatewayAPIError as exc:
-            if exc.code == "sync_epoch_over":
-                raise _EpochOver(exc.message) from exc
-            # the server's state is unknown now: out of rotation (the gateway took it out before
-            # the push; _count gives it the failure's reason before the sync ends)
-            entry.error = f"push failed: {exc}"
-        entry.push_seconds = time.perf_counter() - t0
+        answers = each(lambda e: probe(self.gateway, e, self.probe_ids, self.probe_tokens), entries)
+        probed = time.perf_counter() - t0
+        scored: dict[tuple[int, ...], list[float]] = {}
+        for entry, answer in zip(entries, answers, strict=True):
+            t1 = time.perf_counter()
+            if answer is not None:
+                ids, served = answer
+                entry.probe_ids = ids
+                entry.verified = True
+                if reference is not None and check:
+                    if tuple(ids) not in scored:
+                        scored[tuple(ids)] = [float(x) for x in reference(self.probe_ids, ids)]
+                    expected = scored[tuple(ids)]
+                    entry.max_abs_diff, entry.error = mismatch(
+                        served, expected, self.tolerance, self.probe_ids, ids
+                    )
+                    entry.verified = entry.error is None
+            entry.probe_seconds = probed + time.perf_counter() - t1
 
-    def _verify(self, entry: BackendSync, reference: Reference | None) -> None:
+    def _probe_before(
+        self, report: SyncReport, entries: list[BackendSync], reference: Reference | None
+    ) -> None:
+        """The probe against the new weights while the servers still serve the old ones (a
+        diagnostic: what a missed sync would carry); it changes nothing."""
         t0 = time.perf_counter()
         try:
-            answer = self.gateway.probe_backend(
-                entry.name, prompt_ids=self.probe_ids, max_tokens=self.probe_tokens
+            answers = each(
+                lambda e: probe(self.gateway, e, self.probe_ids, self.probe_tokens), entries
             )
-        except GatewayAPIError as exc:
-            entry.error = f"probe failed: {exc}"
-            entry.probe_seconds = time.perf_counter() - t0
-            return
-        ids = [int(t) for t in answer["completion_ids"]]
-        served = [float(x) for x in answer["logprobs"]]
-        entry.probe_ids = ids
-        if reference is not None and self.verify:
-            expected = [float(x) for x in reference(self.probe_ids, ids)]
-            if len(expected) != len(served):
-                entry.error = (
-                    f"the reference scored {len(expected)} tokens for a probe of {len(served)}"
-                )
-                entry.probe_seconds = time.perf_counter() - t0
-                return
-            diffs = [abs(a - b) for a, b in zip(served, expected, strict=True)]
-            entry.max_abs_diff = max(diffs) if diffs else 0.0
-            if not all(math.isfinite(d) for d in diffs) or entry.max_abs_diff > self.tolerance:
-                entry.error = (
-                    f"the server's log-probs differ from the trainer's model by up to "
-                    f"{entry.max_abs_diff:.3g} (tolerance {self.tolerance:g}) on the probe "
-                    f"{self.probe_ids} -> {ids}: served {_fmt(served)}, trainer {_fmt(expected)}"
-                )
-                entry.probe_seconds = time.perf_counter() - t0
-                return
-        entry.verified = True
-        entry.probe_seconds = time.perf_counter() - t0
+        except httpx.TransportError as exc:
+            raise self._gateway_gone(report, f"probe before {report.version!r}", exc) from exc
+        for entry, answer in zip(entries, answers, strict=True):
+            entry.error = None  # the push and the verification decide the outcome
+            if answer is not None and reference is not None:
+                ids, served = answer
+                expected = [float(x) for x in reference(self.probe_ids, ids)]
+                entry.before_max_abs_diff, _ = mismatch(served, expected, 0.0, [], [])
+        report.probe_before_seconds = time.perf_counter() - t0
 
     def _count(self, entry: BackendSync, report: SyncReport) -> None:
         """Count this sync's outcome for ``entry``'s server: verified forgets its failures; a
@@ -433,44 +485,6 @@ class WeightSync:
         )
 
 
-class _EpochOver(Exception):
-    """The sync's pause lapsed or was taken over before the sync ended (the gateway's 409)."""
-
-
-class _LeaseKeeper(threading.Thread):
-    """Renews the sync's pause every quarter lease while the sync runs (its own connection: the
-    sync's client is busy with a push that may outlast the lease)."""
-
-    def __init__(self, gateway: GatewayClient, epoch: str, lease: float) -> None:
-        super().__init__(name=f"weight-sync-lease-{epoch}", daemon=True)
-        self.url, self.admin_key = gateway.url, gateway.admin_key
-        self.epoch, self.lease = epoch, lease
-        self.lost: str | None = None
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        with GatewayClient(self.url, self.admin_key, timeout=max(5.0, self.lease / 4)) as c:
-            while not self._done.wait(self.lease / 4):
-                try:
-                    c.sync_renew(epoch=self.epoch, lease=self.lease)
-                except GatewayAPIError as exc:
-                    if exc.code == "sync_epoch_over":
-                        self.lost = exc.message
-                        return
-                except httpx.TransportError:
-                    pass  # the sync's own next request says the gateway is gone
-
-    def stop(self) -> None:
-        """Stop renewing (the sync ended, or failed: then the lease lapses by itself)."""
-        self._done.set()
-        if self.is_alive():
-            self.join(self.lease)
-
-
 def _unverified(backend: dict[str, Any]) -> bool:
     reason = backend.get("quarantined")
     return isinstance(reason, str) and reason.startswith(UNVERIFIED_PREFIX)
-
-
-def _fmt(values: Sequence[float]) -> str:
-    return "[" + ", ".join(f"{v:.5f}" for v in values) + "]"

@@ -39,6 +39,11 @@ class Backend:
     quarantined: str | None = None
     #: the version the last weight push labelled it with
     weight_version: str | None = None
+    #: the LoRA adapter it serves the policy under (``<policy>@<version>``): forwarded calls
+    #: name it instead of the base model (None: the base weights are the policy)
+    adapter: str | None = None
+    #: the adapters loaded on it, oldest first: ``{"name", "version", "seq"}`` each
+    adapters: list[dict[str, Any]] = field(default_factory=list)
     #: ``tinker`` kind: the SDK's ServiceClient and the SamplingClient it samples with now
     client: Any = field(default=None, repr=False, compare=False)
     sampler: Any = field(default=None, repr=False, compare=False)
@@ -48,9 +53,16 @@ class Backend:
 
     @property
     def model(self) -> str | None:
-        """The served model name every forwarded request uses: the pinned one, else the one
-        last discovered (None: requests keep the agent's model name)."""
+        """The model name every forwarded request uses: the policy's LoRA adapter when it
+        serves one, else the pinned name, else the one last discovered (None: requests keep
+        the agent's model name)."""
+        if self.adapter is not None:
+            return self.adapter
         return self.pinned_model if self.pinned_model is not None else self.discovered_model
+
+    def adapter_version(self, name: object) -> str | None:
+        """The version of the loaded adapter ``name`` (an answer's ``model``), else None."""
+        return next((str(a["version"]) for a in self.adapters if a.get("name") == name), None)
 
     def info(self) -> dict[str, object]:
         """The JSON form the control plane returns."""
@@ -65,6 +77,8 @@ class Backend:
             "in_flight": self.in_flight,
             "quarantined": self.quarantined,
             "weight_version": self.weight_version,
+            "adapter": self.adapter,
+            "adapters": [dict(a) for a in self.adapters],
             "returns_routing": self.returns_routing,
         }
 

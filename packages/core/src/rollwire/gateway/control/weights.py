@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rollwire.gateway.backends.pool import Backend
-from rollwire.gateway.backends.weights import WEIGHT_KINDS, push_weights
+from rollwire.gateway.backends.weights import WEIGHT_KINDS, push_adapter, push_weights
 from rollwire.gateway.control.base import ControlRoutes, json_response
 from rollwire.gateway.control.staleness import check_seq
 from rollwire.gateway.errors import GatewayError
@@ -45,6 +45,19 @@ def _lease(body: dict[str, Any]) -> float:
     if not 1.0 <= lease <= 86400.0:
         raise GatewayError(400, f"lease must be 1 to 86400 seconds, got {lease!r}")
     return lease
+
+
+def _adapter(body: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """The LoRA adapter name a push loads the folder under (None: a full reload) and the
+    adapters it unloads."""
+    name, unload = body.get("adapter"), body.get("unload", [])
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 256):
+        raise GatewayError(400, f"adapter must be a 1 to 256 character name, got {name!r}")
+    if not isinstance(unload, list) or not all(isinstance(n, str) and n for n in unload):
+        raise GatewayError(400, f"unload must be a list of adapter names, got {unload!r}")
+    if unload and name is None:
+        raise GatewayError(400, "unload goes with an adapter push (adapter: NAME)")
+    return name, unload
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -159,15 +172,24 @@ class WeightRoutes(ControlRoutes):
         keep = _flag(body, "keep", False)
         timeout = _seconds(body, "timeout", self.gw.config.upstream_timeout)
         epoch = _epoch(body)
+        adapter, unload = _adapter(body)
+        seq = check_seq(body)
         await self.gw.barrier.pushing(backend, epoch=epoch, version=version, weights_path=path)
-        result = await push_weights(
-            self.gw.http,
-            backend,
-            weights_path=path,
-            version=version,
-            keep=keep,
-            timeout=timeout,
-        )
+        held: dict[str, Any] = {"adapter": backend.adapter, "adapters": list(backend.adapters)}
+        try:
+            if adapter is not None:
+                result = await push_adapter(
+                    self.gw.http, backend, adapter_path=path, name=adapter, version=version,
+                    seq=seq, unload=unload, held=held, timeout=timeout,
+                )  # fmt: skip
+            else:
+                result = await push_weights(
+                    self.gw.http, backend, weights_path=path, version=version, keep=keep,
+                    timeout=timeout,
+                )  # fmt: skip
+                held["adapter"] = None  # the full weights are the policy now
+        finally:  # what the server holds now, for every gateway on the store
+            await self.gw.set_adapters(backend, held["adapter"], held["adapters"])
         return json_response(result)
 
     async def probe(self, request: Request) -> Response:

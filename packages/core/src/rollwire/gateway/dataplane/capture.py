@@ -103,6 +103,8 @@ class Captured:
     weight_spans: Any = None
     has_ids: bool = False
     usage: dict[str, Any] | None = None
+    #: the model name the answer gives (a LoRA adapter's when one served it)
+    model: Any = None
 
 
 #: ``struct`` packers of n native int32s, by n (bounded: cleared when it gets large)
@@ -214,6 +216,7 @@ def extract(data: dict[str, Any], prompt_ids: np.ndarray | None = None) -> Captu
     cap.weight_version = _weight_version(choice, data)
     cap.weight_spans = choice.get("weight_versions")
     cap.usage = data.get("usage")
+    cap.model = data.get("model")
     return cap
 
 
@@ -346,6 +349,7 @@ class StreamAccumulator:
             weight_spans=self.weight_spans,
             has_ids=self.prompt is not None and self.saw_ids,
             usage=self.usage,
+            model=self.head.get("model"),
         )
 
     def response(self, chat: bool) -> dict[str, Any]:

@@ -134,6 +134,8 @@ async def commit_call(gw: GatewayPort, st: SessionState, call: ModelCall, attemp
         int(call.prompt_ids.shape[0]),
         n_completion,
     )
+    if call.status == "ok":
+        gw.metrics.tools.add(call)
     # The store marked the original superseded in the same commit (call.retry_of is set, or
     # it found the original by the request key); one still running marks itself when it lands.
     prior = attempt.prior

@@ -290,8 +290,11 @@ def expect_routing(gw: GatewayPort, commit: Commit) -> Commit:
 
 
 def fill_call(gw: GatewayPort, call: ModelCall, cap: Captured, backend: Backend) -> None:
-    """Copy what was captured into ``call`` and flag what makes it untrainable."""
-    version, version_flag = resolve_policy_version(cap.weight_version, gw.policy_version)
+    """Copy what was captured into ``call`` and flag what makes it untrainable. A call a LoRA
+    adapter served carries that adapter's version (the server's own label is the base's)."""
+    served = backend.adapter_version(cap.model) if backend.adapters else None
+    reported = served if served is not None else cap.weight_version
+    version, version_flag = resolve_policy_version(reported, gw.policy_version)
     assign(
         call,
         prompt_ids=cap.prompt_ids,

@@ -93,6 +93,8 @@ async def _generate(
             request_id=call_id,
             session_id=ctx.session.session_id,
         )
+        if target.kind == "vllm" and target.adapter is not None:
+            payload["model"] = target.adapter  # the policy is that LoRA adapter
         return await generate(
             ctx.http,
             target.url,

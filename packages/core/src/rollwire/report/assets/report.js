@@ -37,9 +37,19 @@
       card("off-policy calls", s.off_policy_calls, Object.entries(s.flags).map(([k, v]) => `${k} ${v}`).join(", ")),
       card("stale calls", s.stale_calls, "sampled beyond max_staleness versions behind the trainer; not trained"),
       card("routed experts", pct(s.experts_coverage), `${s.calls_with_experts} calls, ${s.rows_with_experts} rows`),
+      toolCard(s.tools),
       card("policy versions", Object.keys(s.policy_versions).length || "n/a",
         Object.entries(s.policy_versions).map(([k, v]) => `${k}: ${v}`).join(", ")),
     ].join("");
+  }
+
+  function toolCard(t) {
+    const offered = t && t.offered;
+    const flag = offered && t.none_parsed ? "⚠ tools offered, none parsed: is the server's tool parser the model's format? " : "";
+    const d = offered ? `${flag}${t.offered} calls offered tools; ${t.unparsed} answers hold tool-call text that did not parse` : "no call offered tools";
+    const warn = offered && (t.none_parsed || t.unparsed) ? " warn" : "";
+    return `<div class="card${warn}" id="tool-health"><div class="k">tool calls parsed</div>` +
+      `<div class="v">${offered ? esc(t.parsed) : "n/a"}</div><div class="d">${esc(d)}</div></div>`;
   }
 
   function renderDrift() {
@@ -152,6 +162,7 @@
         c.tr ? "" : '<span class="badge warn">not trained</span>',
         c.st !== "ok" ? `<span class="badge bad">${esc(c.st)}</span>` : "",
         c.ex ? '<span class="badge">experts</span>' : "",
+        c.unparsed ? '<span class="badge bad">tool call not parsed</span>' : "",
         ...c.flags.map((f) => `<span class="badge">${esc(f)}</span>`)].join("");
       const tools = c.tools.map((t) => `<code>${esc(t.name)}(${esc(t.arguments)})</code>`).join("");
       return `<tr><td>${c.i}</td><td>${esc(c.fin)}</td><td>${c.ms} ms</td><td>${c.np} / ${c.nc}</td>` +
