@@ -31,6 +31,7 @@ from rollwire.trainer.train_batch import TrainBatch, TrainRow, behaviour_stats
 from rollwire.trainer.training_run import latest_checkpoint
 from rollwire.trainer.weight_sync import Reference
 from rollwire_trl.policy import StartingPolicy, warmed_up_policy
+from rollwire_trl.roles import activate_role, role_adapters, save_role_adapter
 from rollwire_trl.samples import pad_rows
 from rollwire_trl.sync import save_policy
 
@@ -86,6 +87,12 @@ class TrlTrainer:
             raise ValueError(f"lora_sync must be one of {LORA_SYNCS}, got {lora_sync!r}")
         #: exports are LoRA adapters (a --lora-rank run with --lora-sync adapter)
         self.exports_adapter = bool(rank) and lora_sync == "adapter"
+        #: one adapter (and optimizer) per role (``--roles``); ``role``: the one acted on
+        self.roles: list[str] = list(spec.roles or [])
+        self.role: str | None = None
+        if self.roles and not self.exports_adapter:
+            raise ValueError("--roles trains one LoRA adapter per role: give --lora-rank R")
+        self.optimizers: dict[str, Any] = {}
         self.spec = spec
         self.lora_rank = rank
         self.importance_sampling = mode
@@ -109,6 +116,8 @@ class TrlTrainer:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
+        if spec.resume and self.roles:
+            raise ValueError("--resume does not continue a --roles run yet: start a new --out")
         fresh = self._fresh_policy(spec)
         step, checkpoint = 0, None
         if spec.resume:
@@ -172,6 +181,9 @@ class TrlTrainer:
                 from peft import PeftModel
 
                 model = PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
+            elif self.roles:
+                config = lora_config(self.lora_rank, SERVED_LORA_TARGETS)
+                model = role_adapters(model, self.roles, config)
             else:
                 from peft import get_peft_model
 
@@ -195,11 +207,22 @@ class TrlTrainer:
         self.grpo.use_vllm = self.importance_sampling != "off"
         self.model = self.grpo.model
         self.model.to(self.device)
+        for role in self.roles:  # each role's adapter alone in its optimizer
+            activate_role(self.model, role)
+            self.grpo.optimizer = None
+            self.optimizers[role] = self.grpo.create_optimizer()
         self.optimizer = self.grpo.create_optimizer()
         if checkpoint is not None and (checkpoint / "optimizer.pt").is_file():
             state = torch.load(checkpoint / "optimizer.pt", map_location=self.device)
             self.optimizer.load_state_dict(state)
         self.model.train()
+
+    def use_role(self, role: str) -> None:
+        """``update``, ``export`` and ``reference`` act on ``role``'s adapter from now on."""
+        if role not in self.optimizers:
+            raise ValueError(f"no adapter for role {role!r}: the run's roles are {self.roles}")
+        activate_role(self.model, role)
+        self.role, self.optimizer = role, self.optimizers[role]
 
     # ------------------------------------------------------------------ update
     def update(self, batch: TrainBatch) -> dict[str, float]:
@@ -299,18 +322,22 @@ class TrlTrainer:
         assert self.policy is not None
         t0 = time.perf_counter()
         target = self.spec.out / "policy" / f"step-{step}"
-        if self.exports_adapter:
+        if self.role is not None:
+            folder = save_role_adapter(self.model, self.role, target / self.role)
+        elif self.exports_adapter:
             folder = self._save_adapter(target)
         else:
             folder = save_policy(self.model, target, self.policy.tokenizer_folder)
         self._exports.append(folder)
-        keep = 2 + (self.spec.max_staleness if self.exports_adapter else 0)
+        keep = (2 + (self.spec.max_staleness if self.exports_adapter else 0)) * (
+            len(self.roles) or 1
+        )
         for old in self._exports[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         self._exports = self._exports[-keep:]
         seconds = time.perf_counter() - t0
         if self.exports_adapter:
-            return Export(str(folder.resolve()), str(step), seconds, kind="adapter")
+            return Export(str(folder.resolve()), str(step), seconds, "adapter", self.role)
         return Export(str(folder.resolve()), str(step), seconds)
 
     def _save_adapter(self, folder: Path) -> Path:
@@ -355,7 +382,11 @@ class TrlTrainer:
             unwrapped.save_pretrained(tmp / "adapter")
         else:
             unwrapped.save_pretrained(tmp / "model", safe_serialization=True, max_shard_size="2GB")
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if self.roles:
+            optimizers = {r: o.state_dict() for r, o in self.optimizers.items()}
+            torch.save(optimizers, tmp / "optimizer.pt")
+        else:
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         state = {"step": step, "lora_rank": self.lora_rank, "start": str(self.policy.folder)}
         (tmp / "state.json").write_text(json.dumps(state))
         shutil.rmtree(folder, ignore_errors=True)
@@ -365,8 +396,12 @@ class TrlTrainer:
             shutil.rmtree(old, ignore_errors=True)
 
     def finish(self) -> Path:
-        """``--out/final``: the trained policy as a model folder (LoRA merged in)."""
+        """``--out/final``: the trained policy as a model folder (LoRA merged in); with
+        ``--roles``, each role's adapter under ``final/<role>``."""
         assert self.policy is not None
+        if self.roles:
+            getattr(self.model, "module", self.model).save_pretrained(self.spec.out / "final")
+            return self.spec.out / "final"
         return save_policy(self.model, self.spec.out / "final", self.policy.tokenizer_folder)
 
     def close(self) -> None:

@@ -222,6 +222,14 @@ def train(
         "name (--lora-sync merged: the merged model). Default: the trainer's (trl: 0, the full "
         "weights; tinker: 8).",
     ),
+    roles: str = typer.Option(
+        None,
+        "--roles",
+        metavar="A,B",
+        help="One policy per role: the model name each call asks for is its role; each role "
+        "trains its own LoRA adapter on its own calls, served as ROLE@VERSION (needs "
+        "--lora-rank; steps.jsonl records each role under 'roles').",
+    ),
     temperature: float = typer.Option(
         1.0,
         "--temperature",
@@ -373,6 +381,7 @@ def train(
         warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_logs(verbose)
     from rollwire.trainer.loop import RunSpec, default_rates, run
+    from rollwire.trainer.roles import check_roles
     from rollwire.trainer.weight_sync import WeightSyncError
 
     if sft is not None and str(sft) != "teacher" and not sft.is_file():
@@ -382,6 +391,10 @@ def train(
         if shared.get(key) is None:
             shared[key] = value
     shared["tasks"], shared["eval_tasks"] = _tasks(tasks), _tasks(eval_tasks)
+    try:
+        shared["roles"] = check_roles(roles.split(",")) if roles else None
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
     spec = RunSpec(
         **shared,
         options=own,

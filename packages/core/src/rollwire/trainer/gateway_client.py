@@ -314,10 +314,15 @@ class GatewayClient(_Base):
         )
 
     def probe_backend(
-        self, name: str, *, prompt_ids: list[int], max_tokens: int, timeout: float = 300.0
-    ) -> dict[str, Any]:
-        """``POST /api/backends/{name}/probe``: a greedy token-in request with log-probs."""
-        body = {"prompt_ids": prompt_ids, "max_tokens": max_tokens, "timeout": timeout}
+        self, name: str, *, prompt_ids: list[int], max_tokens: int, timeout: float = 300.0,
+        model: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``POST /api/backends/{name}/probe``: a greedy token-in request with log-probs
+        (``model``: through the adapter a call asking for it gets, e.g. a role's)."""
+        body: dict[str, Any] = {"prompt_ids": prompt_ids, "max_tokens": max_tokens}
+        body["timeout"] = timeout
+        if model is not None:
+            body["model"] = model
         path = f"/api/backends/{name}/probe"
         return dict(self._req("POST", path, json=body, timeout=timeout + 30.0))
 

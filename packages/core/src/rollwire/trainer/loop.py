@@ -24,8 +24,16 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from rollwire.data.protocol import CaptureMode, Group
+from rollwire.trainer.roles import Roles
 from rollwire.trainer.rollouts_ahead import RolloutsAhead
-from rollwire.trainer.steps import Progress, StepRecord, batch_figures, policy_versions, step_line
+from rollwire.trainer.steps import (
+    Progress,
+    StepRecord,
+    batch_figures,
+    batch_warnings,
+    policy_versions,
+    step_line,
+)
 from rollwire.trainer.train_batch import Algorithm, TrainBatch, build_train_batch
 from rollwire.trainer.training_run import (
     StepLog,
@@ -85,6 +93,8 @@ class RunSpec:
     beta: float = 0.0
     #: LoRA rank (0: full weights; None: the trainer's default)
     lora_rank: int | None = None
+    #: one policy (LoRA adapter) per role, the model name its calls ask for (None: one policy)
+    roles: list[str] | None = None
     #: the run's sampling temperature, which the trainer scores at
     temperature: float = 1.0
     #: None: the agent's own (a built-in task's agent asks for its own)
@@ -170,6 +180,8 @@ class Export:
     version: str
     seconds: float = 0.0
     kind: Literal["full", "adapter"] = "full"
+    #: the role whose adapter this is (``RunSpec.roles``; None: the one policy)
+    role: str | None = None
 
 
 class PolicyTrainer(Protocol):
@@ -339,6 +351,7 @@ class _Loop:
         self.sync.sync(start.weights, start.version, seq=start.step, verify=not start.adapter)
         if start.adapter:
             self.sync.sync(start.adapter, start.version, seq=start.step, kind="adapter")
+        self.roles = Roles(spec, trainer, self.sync) if spec.roles else None
         self.client = rollout_client(spec, gateway, capture=trainer.capture)
         stack.callback(self.client.close)
         self.evaluate = evaluator(spec, self.client, held)
@@ -381,34 +394,43 @@ class _Loop:
         spec, trainer = self.spec, self.trainer
         t1 = time.perf_counter()
         _keep_rollouts(self.rollouts_dir / f"step-{step}.jsonl", groups)
-        batch = build_train_batch(
-            groups, spec.algorithm, tokenizer=_fork_tokenizer(self.start.tokenizer)
-        )
+        tok = _fork_tokenizer(self.start.tokenizer)
+        batch = build_train_batch(groups, spec.algorithm, tokenizer=tok)
         if not batch.rows:
             raise ValueError(
                 f"step {step}: no rollout of the batch can be trained on "
                 f"({_reasons(batch.skipped)}); check the agent and the gateway's log"
             )
-        stats = trainer.update(batch)
-        exported = trainer.export(step)
-        t2 = time.perf_counter()
-        if self.ahead_client is not None:  # the staleness bound counts from the trainer
-            self.control.set_trainer_version(step, exported.version)
-        report = self.sync.sync(exported.weights, exported.version, seq=step, kind=exported.kind)
-        report.save_seconds = exported.seconds
+        if self.roles is not None:  # each role's adapter on its own rows, pushed and verified
+            stats, reports, roles, saved = self.roles.step(step, groups, spec.algorithm, tok)
+            report, t2 = SyncReport(version=str(step)), time.perf_counter()
+            train_end = t2 - sum(r.push_seconds + r.verify_seconds for r in reports)
+        else:
+            stats = trainer.update(batch)
+            exported = trainer.export(step)
+            t2 = train_end = time.perf_counter()
+            saved = exported.seconds
+            if self.ahead_client is not None:  # the staleness bound counts from the trainer
+                self.control.set_trainer_version(step, exported.version)
+            report = self.sync.sync(
+                exported.weights, exported.version, seq=step, kind=exported.kind
+            )
+            report.save_seconds = exported.seconds
         if step % spec.save_every == 0 or step == spec.steps:
             trainer.save(step)
         t3 = time.perf_counter()
-        times["train"] = max(0.0, t2 - t1 - exported.seconds)
-        times["sync"] = exported.seconds + (t3 - t2)
+        times["train"] = max(0.0, train_end - t1 - saved)
+        times["sync"] = saved + (t3 - train_end)
         times["wall"] = times["wait"] + (t3 - t1)
         record = _record(step, batch, stats, report, times)
+        if self.roles is not None:
+            self.roles.fill(record, roles, reports)
         if spec.eval_every and step % spec.eval_every == 0:
             record.eval = self.evaluate(step)
         self.log.emit(record)
         self.progress.update(record)
         spec.log(step_line(record, spec.steps))
-        for line in _warnings(step, batch):
+        for line in batch_warnings(step, batch):
             spec.log(line)
         if spec.on_step is not None:
             spec.on_step(StepTrace(step, groups, batch, stats, report, record))
@@ -421,30 +443,6 @@ def _sampling_line(spec: RunSpec) -> str:
         + (f", top_p {spec.top_p:g}" if spec.top_p is not None else "")
         + "; everything else as the agent asks"
     )
-
-
-def _warnings(step: int, batch: TrainBatch) -> list[str]:
-    out = []
-    gap = batch.gap_line()
-    if gap:
-        out.append(f"    step {step}: {gap}")
-    tools = batch.tools
-    if tools.none_parsed or tools.unparsed:
-        out.append(
-            f"    step {step}: tools were offered in {tools.offered} calls, {tools.parsed} tool "
-            f"calls parsed, {tools.unparsed} answers hold tool-call text that did not parse"
-            + (
-                ": no tool call parsed — check the server's tool parser"
-                if tools.none_parsed
-                else ""
-            )
-        )
-    if batch.truncated_calls:
-        out.append(
-            f"    step {step}: {batch.truncated_calls} calls stopped at their token limit "
-            "(finish_reason=length): raise the agent's max_tokens, or --max-tokens"
-        )
-    return out
 
 
 def run(spec: RunSpec, trainer: PolicyTrainer) -> TrainResult:
@@ -466,7 +464,7 @@ def run(spec: RunSpec, trainer: PolicyTrainer) -> TrainResult:
     log = loop.log
     wall = time.perf_counter() - started
     result = TrainResult(log.evals[0], final, log.records, policy, final_path, wall, log.evals)
-    return finish_run(spec.out, result, {"trainer": spec.trainer})
+    return finish_run(spec.out, result, {"trainer": spec.trainer, "roles": spec.roles})
 
 
 @dataclass

@@ -23,6 +23,7 @@ __all__ = [
     "Progress",
     "StepRecord",
     "batch_figures",
+    "batch_warnings",
     "policy_versions",
     "read_steps",
     "record_from_json",
@@ -111,6 +112,11 @@ class StepRecord:
     #: what the sync hook returned, when numbers (WeightSync: the stages save, drain, transfer,
     #: load, verify, the time split and the probe's server-vs-trainer log-prob difference)
     sync: dict[str, float] = field(default_factory=dict)
+    #: one policy per role (``--roles``): role -> its ``calls``, ``rows``, ``rollouts``,
+    #: ``sampled_tokens``, ``trained_tokens``, ``reward_mean``, the trainer's statistics of its
+    #: update (``loss``, ...) and its sync (``version``, ``adapter``, ``verified``,
+    #: ``probe_max_abs_diff``); None: one policy
+    roles: dict[str, dict[str, Any]] | None = None
     eval: EvalPoint | None = None
 
     def flat(self) -> dict[str, float]:
@@ -249,3 +255,29 @@ class Progress:
             self._bar.stop()
         if self.sink is not None:
             self.sink.close()
+
+
+def batch_warnings(step: int, batch: Any) -> list[str]:
+    """The lines a step's :class:`~rollwire.trainer.train_batch.TrainBatch` calls for: sampled
+    tokens without loss, tool calls that did not parse, calls cut at their token limit."""
+    out = []
+    gap = batch.gap_line()
+    if gap:
+        out.append(f"    step {step}: {gap}")
+    tools = batch.tools
+    if tools.none_parsed or tools.unparsed:
+        out.append(
+            f"    step {step}: tools were offered in {tools.offered} calls, {tools.parsed} tool "
+            f"calls parsed, {tools.unparsed} answers hold tool-call text that did not parse"
+            + (
+                ": no tool call parsed — check the server's tool parser"
+                if tools.none_parsed
+                else ""
+            )
+        )
+    if batch.truncated_calls:
+        out.append(
+            f"    step {step}: {batch.truncated_calls} calls stopped at their token limit "
+            "(finish_reason=length): raise the agent's max_tokens, or --max-tokens"
+        )
+    return out

@@ -104,12 +104,19 @@ def push(gateway: GatewayClient, entry: BackendSync, what: Push, unload: list[st
 
 
 def probe(
-    gateway: GatewayClient, entry: BackendSync, prompt_ids: list[int], tokens: int
-) -> tuple[list[int], list[float]] | None:
+    gateway: GatewayClient, entry: BackendSync, prompt_ids: list[int], tokens: int,
+    model: str | None = None,
+) -> tuple[list[int], list[float]] | None:  # fmt: skip
     """The server's greedy ids and log-probs after ``prompt_ids`` (as it serves the policy:
-    under its adapter's name when it has one); None, with ``entry.error`` set, if it failed."""
+    under its adapter's name when it has one; ``model``: the adapter of the policy of that name,
+    e.g. a role's); None, with ``entry.error`` set, if it failed."""
     try:
-        answer = gateway.probe_backend(entry.name, prompt_ids=prompt_ids, max_tokens=tokens)
+        if model is None:
+            answer = gateway.probe_backend(entry.name, prompt_ids=prompt_ids, max_tokens=tokens)
+        else:
+            answer = gateway.probe_backend(
+                entry.name, prompt_ids=prompt_ids, max_tokens=tokens, model=model
+            )
     except GatewayAPIError as exc:
         entry.error = f"probe failed: {exc}"
         return None

@@ -256,7 +256,9 @@ class WeightSync:
             t2 = time.perf_counter()
             report.push_seconds = t2 - t1
             step = "verification"
-            self._verify([e for e in entries if e.pushed], reference, verify)
+            # through the adapter just loaded (calls asking for the policy's name get it)
+            model = self.policy if adapter else None
+            self._verify([e for e in entries if e.pushed], reference, verify, model)
             t3 = time.perf_counter()
             report.verify_seconds = t3 - t2
             step = "end (stamping the version and resuming)"
@@ -369,13 +371,16 @@ class WeightSync:
 
     # ------------------------------------------------------------------ steps
     def _verify(
-        self, entries: list[BackendSync], reference: Reference | None, verify: bool | None
-    ) -> None:
+        self, entries: list[BackendSync], reference: Reference | None, verify: bool | None,
+        model: str | None = None,
+    ) -> None:  # fmt: skip
         """Probe every server at once, then score each answer with ``reference`` (in this
         thread: a trainer's model is not shared across threads; equal answers scored once)."""
         check = self.verify if verify is None else verify
         t0 = time.perf_counter()
-        answers = each(lambda e: probe(self.gateway, e, self.probe_ids, self.probe_tokens), entries)
+        answers = each(
+            lambda e: probe(self.gateway, e, self.probe_ids, self.probe_tokens, model), entries
+        )
         probed = time.perf_counter() - t0
         scored: dict[tuple[int, ...], list[float]] = {}
         for entry, answer in zip(entries, answers, strict=True):

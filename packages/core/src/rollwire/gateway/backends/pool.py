@@ -60,6 +60,18 @@ class Backend:
             return self.adapter
         return self.pinned_model if self.pinned_model is not None else self.discovered_model
 
+    def model_for(self, requested: object) -> str | None:
+        """The model name a request asking for ``requested`` is forwarded under: the newest
+        adapter loaded for the policy of that name (``<requested>@<version>``: one policy per
+        role, the role being the model the agent asks for), else :attr:`model`. After a full
+        sync (no adapter is the policy) every request gets :attr:`model`."""
+        if isinstance(requested, str) and self.adapter is not None:
+            prefix = requested + "@"
+            mine = [str(a["name"]) for a in self.adapters if str(a.get("name")).startswith(prefix)]
+            if mine:
+                return mine[-1]
+        return self.model
+
     def adapter_version(self, name: object) -> str | None:
         """The version of the loaded adapter ``name`` (an answer's ``model``), else None."""
         return next((str(a["version"]) for a in self.adapters if a.get("name") == name), None)

@@ -74,8 +74,10 @@ async def probe_backend(
     prompt_ids: list[int],
     max_tokens: int,
     timeout: float = 120.0,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """A greedy token-in request: ``max_tokens`` ids and their log-probs after ``prompt_ids``."""
+    """A greedy token-in request: ``max_tokens`` ids and their log-probs after ``prompt_ids``
+    (``model``: through the adapter calls asking for that model get, e.g. a role's)."""
     if backend.kind not in WEIGHT_KINDS:
         raise GatewayError(
             409,
@@ -86,7 +88,7 @@ async def probe_backend(
     sampling = {"temperature": 0.0, "max_tokens": int(max_tokens), "min_tokens": int(max_tokens)}
     payload = sampling_payload(backend.kind, ids, sampling)
     if backend.kind == "vllm":
-        payload["model"] = backend.model
+        payload["model"] = backend.model_for(model)
         payload["return_weight_versions"] = True
     t0 = time.perf_counter()
     try:
@@ -208,8 +210,11 @@ class WeightRoutes(ControlRoutes):
         if type(n) is not int or not 0 < n <= _MAX_PROBE_TOKENS:
             raise GatewayError(400, f"max_tokens must be 1 to {_MAX_PROBE_TOKENS}, got {n!r}")
         timeout = _seconds(body, "timeout", 300.0)
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise GatewayError(400, f"model must be a string, got {model!r}")
         result = await probe_backend(
-            self.gw.http, backend, prompt_ids=ids, max_tokens=n, timeout=timeout
+            self.gw.http, backend, prompt_ids=ids, max_tokens=n, timeout=timeout, model=model
         )
         return json_response(result)
 

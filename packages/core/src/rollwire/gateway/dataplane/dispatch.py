@@ -56,11 +56,13 @@ _T = TypeVar("_T")
 
 
 def prepare_body(backend: Backend, fwd: dict[str, Any], chat: bool) -> bytes:
-    """The JSON a backend gets: its served model name, and asked for ids and log-probs."""
+    """The JSON a backend gets: its served model name (the role's adapter when the request's
+    model names a role that has one), and asked for ids and log-probs."""
     body = fwd
-    if backend.model is not None and fwd.get("model") != backend.model:
+    model = backend.model_for(fwd.get("model"))
+    if model is not None and fwd.get("model") != model:
         body = dict(fwd)
-        body["model"] = backend.model
+        body["model"] = model
     if backend.kind != "openai":
         body = dict(body)
         stream = bool(body.get("stream"))
