@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "fixture-plug
 # - the SmolLM2 conversion and SkyRL's Tinker server need torch (+ JAX): .venv-tinker's run-tests.sh
 # - TRL's importance sampling and the learning test need torch + TRL: .venv-trl's run-tests.sh
 _SEPARATE = {
+    "tests/hubs": (("verifiers", "openenv", "trl", "torch"), "tests/hubs/ci/run-tests.sh"),
     "packages/adapter-trl/tests/test_importance_sampling.py": (
         ("trl", "torch"),
         "packages/adapter-trl/ci/run-tests.sh",

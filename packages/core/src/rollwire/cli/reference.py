@@ -66,6 +66,32 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "verl agent loop, rLLM flow",
         "Rollouts per logged step when the trainer hands no step number (default 64).",
     ),
+    (
+        "ROLLWIRE_OPENENV_URL",
+        "rollwire.envs.hubs.openenv",
+        "The OpenEnv server of tasks that name no `env_url`.",
+    ),
+    (
+        "ROLLWIRE_VERIFIERS_TASKSET",
+        "rollwire.envs.hubs.verifiers_env",
+        "The verifiers taskset of tasks that name no `taskset`.",
+    ),
+    (
+        "ROLLWIRE_SESSION_KEY",
+        "rollwire.envs.hubs.verifiers_env",
+        "Where the verifiers client reads its API key; unset, it sends none (the session's URL "
+        "routes its calls).",
+    ),
+    (
+        "ROLLWIRE_NEMO_GYM_AGENT_URL",
+        "rollwire.envs.hubs.nemo_gym",
+        "The NeMo Gym agent server of tasks that name no `agent_url`.",
+    ),
+    (
+        "ROLLWIRE_NEMO_GYM_MODEL",
+        "rollwire.envs.hubs.nemo_gym",
+        "`HOST:PORT` of the model server NeMo Gym's agents call (default `127.0.0.1:11010`).",
+    ),
     ("ROLLWIRE_DEADLINE", "verl agent loop, slime hooks", "Seconds per rollout (default 600)."),
     (
         "ROLLWIRE_DEADLINE_GRACE",
