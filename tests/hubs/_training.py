@@ -35,10 +35,15 @@ def assert_trained(run: Path) -> list[dict[str, Any]]:
     """Check the run (see the module docstring); returns its steps."""
     records = steps(run)
     assert [s["step"] for s in records] == [1, 2]
+    # the warmed-up policy's tool calls parse; after an RL step the tiny model may drift into
+    # text (steps.jsonl flags that step: what the tool-call health counters are for)
+    assert records[0]["tool_calls_parsed"] > 0, records[0]
     for s in records:
         assert s["rollouts"] == 16 and s["failed"] == 0, s
         assert s["sampled_tokens"] == s["trained_tokens"] > 0, s
-        assert s["tool_offered_calls"] >= 16 and s["tool_calls_parsed"] > 0, s
+        assert s["tool_offered_calls"] >= 16, s
+        if s["tool_calls_parsed"] == 0:
+            assert "no_tool_calls_parsed" in s["flags"], s
         assert s["sync"]["sync/servers_verified"] == 1, s
         assert s["sync"]["sync/probe_max_abs_diff"] < 1e-3, s
         rewards = [r["reward"] for r in step_rollouts(run, s["step"])]
