@@ -72,8 +72,8 @@ class Roles:
         if not isinstance(trainer, RoleTrainer):
             raise ValueError(
                 f"--roles needs a trainer that holds one LoRA adapter per role; "
-                f"{type(trainer).__name__} trains one policy (the TRL trainer does, with "
-                "--lora-rank R)"
+                f"{type(trainer).__name__} trains one policy (a trainer that has "
+                "use_role(role), with --lora-rank R)"
             )
         if spec.async_rollouts:
             raise ValueError("--roles trains each role after its rollouts: drop --async")
