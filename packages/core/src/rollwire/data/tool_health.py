@@ -40,9 +40,10 @@ class ToolHealth:
 
     def add(self, call: ModelCall) -> None:
         """Count ``call``."""
+        message = _message(call.response)
         self.offered += bool(call.request.get("tools"))
-        self.parsed += len(_message(call.response).get("tool_calls") or [])
-        self.unparsed += tool_call_text_unparsed(call)
+        self.parsed += len(message.get("tool_calls") or [])
+        self.unparsed += _text_unparsed(message)
 
     def flags(self) -> list[str]:
         """The names a step record carries: ``no_tool_calls_parsed``, ``tool_call_text_unparsed``."""
@@ -61,7 +62,11 @@ class ToolHealth:
 
 def tool_call_text_unparsed(call: ModelCall) -> bool:
     """True when ``call``'s answer text holds a tool call the server did not parse."""
-    content = _message(call.response).get("content")
+    return _text_unparsed(_message(call.response))
+
+
+def _text_unparsed(message: dict[str, Any]) -> bool:
+    content = message.get("content")
     return isinstance(content, str) and bool(_TOOL_CALL_TEXT.search(content))
 
 
