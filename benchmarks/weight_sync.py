@@ -199,13 +199,25 @@ def start_vllm(
 
 
 class Agent(threading.Thread):
-    """Greedy chat calls through the gateway, one after another, until stopped."""
+    """Greedy chat calls through the gateway, one after another, until stopped; :meth:`hold`
+    stops it between two calls (nothing in flight) until :meth:`release`."""
 
     def __init__(self, gw_url: str, key: str) -> None:
         super().__init__(daemon=True)
         self.gw_url, self.key = gw_url, key
         self.stop = threading.Event()
+        self.go = threading.Event()
+        self.go.set()
+        self.between = threading.Event()  # set while no call of this agent is in flight
         self.calls: list[tuple[float, float]] = []  # (start, end), monotonic
+
+    def hold(self) -> None:
+        """Return once the call in flight (if any) has ended; make no more until released."""
+        self.go.clear()
+        self.between.wait(600)
+
+    def release(self) -> None:
+        self.go.set()
 
     def run(self) -> None:
         from rollwire.trainer.gateway_client import GatewayClient
@@ -213,6 +225,13 @@ class Agent(threading.Thread):
         with GatewayClient(self.gw_url, self.key) as c, httpx.Client(timeout=600) as http:
             h = c.create_session(sampling={"temperature": 0.0, "max_tokens": 8})
             while not self.stop.is_set():
+                self.between.set()
+                self.go.wait()
+                if self.stop.is_set():
+                    break
+                self.between.clear()
+                if not self.go.is_set():  # held between the check and the clear
+                    continue
                 t0 = time.monotonic()
                 r = http.post(
                     f"{h.base_url}/chat/completions",
@@ -220,6 +239,7 @@ class Agent(threading.Thread):
                 )
                 r.raise_for_status()
                 self.calls.append((t0, time.monotonic()))
+            self.between.set()
 
 
 def _server(row: str, tmp: Path, lora: bool) -> tuple[Any, str, Path, Path, Any, str]:
@@ -298,31 +318,41 @@ def run_row(row: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             while len(agent.calls) < args.baseline_calls:
                 time.sleep(0.05)
             for transport in args.transports:
-                began = 0.0  # the first phase has the calls made before any sync
-                if phases:  # the next starts on the model again (unmeasured)
-                    sync.sync(a, f"{transport}-base")
-                    began = time.monotonic()
-                first = len(sync.history)
-                windows: list[tuple[float, float]] = []
-                for i in range(1, args.syncs + 1):
-                    folder = pushes[transport][i % 2]
-                    t0 = time.monotonic()
-                    kind = "adapter" if transport == "adapter" else "full"
-                    report = sync.sync(
-                        folder, f"{transport}-{i}", reference=refs[folder], kind=kind
-                    )
-                    windows.append((t0, t0 + report.total_seconds))  # until sync_end returned
-                    time.sleep(args.gap)
-                phases.append((transport, sync.history[first:], windows, began, time.monotonic()))
+                for in_flight in args.in_flight:
+                    began = 0.0  # the first phase has the calls made before any sync
+                    if phases:  # the next starts on the model again (unmeasured)
+                        sync.sync(a, f"{transport}-{in_flight}-base")
+                        began = time.monotonic()
+                    if in_flight == "idle":
+                        agent.hold()  # nothing in flight while these syncs run
+                    first = len(sync.history)
+                    windows: list[tuple[float, float]] = []
+                    for i in range(1, args.syncs + 1):
+                        folder = pushes[transport][i % 2]
+                        t0 = time.monotonic()
+                        kind = "adapter" if transport == "adapter" else "full"
+                        report = sync.sync(
+                            folder, f"{transport}-{in_flight}-{i}", reference=refs[folder],
+                            kind=kind,
+                        )  # fmt: skip
+                        windows.append((t0, t0 + report.total_seconds))  # until sync_end
+                        time.sleep(args.gap)
+                    agent.release()
+                    phases.append(
+                        (transport, in_flight, sync.history[first:], windows, began,
+                         time.monotonic())
+                    )  # fmt: skip
             agent.stop.set()
+            agent.release()
             agent.join(600)
         return [
-            _summary(row, transport, model, reports, _during(agent.calls, t0, t1), windows)
-            for transport, reports, windows, t0, t1 in phases
+            _summary(row, transport, fl, model, reports, _during(agent.calls, t0, t1), windows)
+            for transport, fl, reports, windows, t0, t1 in phases
         ]
     finally:
         _stop(server)
         if args.keep_logs and (tmp / "vllm.log").exists():
+            Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(tmp / "vllm.log", Path(args.keep_logs) / f"vllm-{row}.log")
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -335,6 +365,7 @@ def _during(calls: list[tuple[float, float]], t0: float, t1: float) -> list[tupl
 def _summary(
     row: str,
     transport: str,
+    in_flight: str,
     model: str,
     reports: list[Any],
     calls: list[tuple[float, float]],
@@ -354,6 +385,7 @@ def _summary(
     return {
         "row": row,
         "transport": transport,
+        "in_flight": in_flight,
         "model": model,
         "syncs": len(reports),
         "pause_ms": ms([r.pause_seconds for r in reports]),
@@ -379,19 +411,19 @@ def _server_name(row: str) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     """The README's table: one line per row."""
     lines = [
-        "| server | model | transport | syncs | pause/drain ms | push ms (load) | verify ms "
+        "| server | model | transport | agent calls | syncs | pause/drain ms | push ms (load) | verify ms "
         "| resume ms | total ms | max probe \\|Δ\\| | calls held by a sync | added to a held call "
         "ms | held call ms (others) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
             first = r["error"].splitlines()[0][:200]
-            lines.append(f"| {r['row']} | failed: {first} |" + " |" * 11)
+            lines.append(f"| {r['row']} | failed: {first} |" + " |" * 12)
             continue
         server = _server_name(r["row"])
         lines.append(
-            f"| {server} | {r['model']} | {r['transport']} | {r['syncs']} | {r['pause_ms']:,.0f} | "
+            f"| {server} | {r['model']} | {r['transport']} | {r['in_flight']} | {r['syncs']} | {r['pause_ms']:,.0f} | "
             f"{r['push_ms']:,.0f} ({r['load_ms']:,.0f}) | {r['verify_ms']:,.0f} | "
             f"{r['resume_ms']:,.0f} | "
             f"{r['total_ms']:,.0f} | {r['max_probe_diff']:.1e} | {r['calls_held']} of "
@@ -423,6 +455,12 @@ def main() -> None:
         default="full,adapter",
         help="comma-separated, run in this order on each server: full, adapter",
     )
+    ap.add_argument(
+        "--in-flight",
+        default="busy,idle",
+        help="comma-separated, per transport: busy (an agent's calls in flight during the "
+        "syncs), idle (the agent held between calls: nothing in flight)",
+    )
     ap.add_argument("--syncs", type=int, default=7)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between syncs")
     ap.add_argument("--baseline-calls", type=int, default=5, help="agent calls before sync 1")
@@ -432,6 +470,9 @@ def main() -> None:
     args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if not args.transports or set(args.transports) - {"full", "adapter"}:
         raise SystemExit(f"--transports takes full and/or adapter, got {args.transports}")
+    args.in_flight = [t.strip() for t in args.in_flight.split(",") if t.strip()]
+    if not args.in_flight or set(args.in_flight) - {"busy", "idle"}:
+        raise SystemExit(f"--in-flight takes busy and/or idle, got {args.in_flight}")
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M")
     results = []

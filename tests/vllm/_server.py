@@ -45,6 +45,7 @@ class VLLMServer:
         extra_args: tuple[str, ...] = (),
         dev_mode: bool = True,
         scripted: bool = True,
+        lora_rank: int | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -58,6 +59,8 @@ class VLLMServer:
             *(("--logits-processors", SCRIPTED) if scripted else ()),
             *BASE_ARGS, *extra_args,
         ]  # fmt: skip
+        if lora_rank is not None:  # adapters loaded and unloaded by name while it serves
+            args += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", "3"]
         env = dict(os.environ)
         env.update(
             VLLM_NO_USAGE_STATS="1",
@@ -70,6 +73,8 @@ class VLLMServer:
         )
         if dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume, /update_weight_version
+        if lora_rank is not None:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter
         if script is not None:
             env["ROLLWIRE_VLLM_SCRIPT"] = script
         if pythonpath is not None:

