@@ -308,7 +308,7 @@ def run_row(row: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         adapters = adapter_folders(tmp, a, reference) if "adapter" in args.transports else {}
         refs.update(adapters)
         pushes = {"full": [b, a], "adapter": list(adapters)}
-        phases = []
+        phases: list[tuple[Any, ...]] = []
         with serve_in_thread(backends=[(url, "vllm")]) as gw, gw.client() as c:
             c.sync_weight_version("v0")
             sync = WeightSync(c, reference=refs[a], tolerance=args.tolerance)
