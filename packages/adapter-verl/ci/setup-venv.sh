@@ -70,9 +70,9 @@ fi
 
 editable_ok() {
   "$PY" - "$ROOT" <<'PY' 2>/dev/null
-import sys, pathlib, rollwire, rollwire_verl
+import sys, pathlib, rollwire, rollwire_verl, rollwire_langgraph
 root = pathlib.Path(sys.argv[1]).resolve()
-for mod in (rollwire, rollwire_verl):
+for mod in (rollwire, rollwire_verl, rollwire_langgraph):
     assert root in pathlib.Path(mod.__file__).resolve().parents, mod.__file__
 PY
 }
@@ -80,8 +80,9 @@ PY
 if editable_ok; then
   log "rollwire + rollwire-verl already installed editable from $ROOT"
 else
-  log "pip install -c torch==$TORCH_VERSION -e packages/core -e packages/adapter-verl"
+  # agent-langgraph: the vault agent, which the main_ppo recipe's CPU checks run
+  log "pip install -c torch==$TORCH_VERSION -e packages/core -e packages/adapter-verl -e packages/agent-langgraph"
   "$PY" -m pip install -q -c <(echo "torch==$TORCH_VERSION") \
-    -e "$ROOT/packages/core" -e "$ROOT/packages/adapter-verl"
+    -e "$ROOT/packages/core" -e "$ROOT/packages/adapter-verl" -e "$ROOT/packages/agent-langgraph"
 fi
 log "done in $((SECONDS - t0)) s: $("$PY" -c 'import torch, verl; print("torch", torch.__version__, "verl", verl.__version__)')"
