@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from rollwire.data.trajectory import build_rows
-from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.envs.calculator import (
     answer_of,
     calculate,
@@ -22,9 +21,8 @@ from rollwire.envs.calculator import (
     warmup_conversations,
 )
 from rollwire.envs.calculator.agent_openai import app
-from rollwire.gateway import serve_in_thread
+from rollwire.testing.scripted import scripted_rollouts
 from rollwire.trainer.client import RolloutClient
-from rollwire.trainer.runners import LocalRunner
 
 
 def _problem(t: dict[str, Any]) -> tuple[int, str, int]:
@@ -79,15 +77,8 @@ def _script(messages: list[dict[str, Any]], tools: Any) -> str | None:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[tuple[RolloutClient, Any]]:
-    with (
-        EmbeddedEngine(EngineConfig(scripted=_script)) as engine,
-        serve_in_thread(backends=[(engine.url, "vllm")]) as gateway,
-    ):
-        c = RolloutClient(gateway, runner=LocalRunner(app), group_size=1, deadline=60.0)
-        try:
-            yield c, engine.tokenizer
-        finally:
-            c.close()
+    with scripted_rollouts(app, _script) as c:
+        yield c
 
 
 def _play(client: tuple[RolloutClient, Any], first: str, second: str) -> Any:

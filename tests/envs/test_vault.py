@@ -16,7 +16,6 @@ pytest.importorskip("langgraph", reason="the vault agent is written with LangGra
 from rollwire.data.tool_health import tool_health
 from rollwire.data.trajectory import build_rows
 from rollwire.data.warmup import read_conversations
-from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.envs.vault import (
     SPLITS,
     TOOLS,
@@ -25,9 +24,8 @@ from rollwire.envs.vault import (
     warmup_conversations,
 )
 from rollwire.envs.vault.agent_langgraph import app
-from rollwire.gateway import serve_in_thread
+from rollwire.testing.scripted import scripted_rollouts
 from rollwire.trainer.client import RolloutClient
-from rollwire.trainer.runners import LocalRunner
 
 
 def test_splits_name_disjoint_boxes_and_tasks_are_seeded() -> None:
@@ -87,15 +85,8 @@ def _script(messages: list[dict[str, Any]], tools: Any) -> str | None:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[tuple[RolloutClient, Any]]:
-    with (
-        EmbeddedEngine(EngineConfig(scripted=_script)) as engine,
-        serve_in_thread(backends=[(engine.url, "vllm")]) as gateway,
-    ):
-        c = RolloutClient(gateway, runner=LocalRunner(app), group_size=1, deadline=60.0)
-        try:
-            yield c, engine.tokenizer
-        finally:
-            c.close()
+    with scripted_rollouts(app, _script) as c:
+        yield c
 
 
 def _play(client: tuple[RolloutClient, Any], code: str) -> Any:
