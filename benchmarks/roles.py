@@ -46,42 +46,11 @@ def _train(args: argparse.Namespace) -> Path:
     return out / "run"
 
 
-def _measure(run_dir: Path, held: list[dict[str, Any]], k: int, trained: bool) -> dict[str, Any]:
-    """Each role's measure over ``k`` rollouts of every held-out task, served by the warmed-up
-    model alone, or with each role's final adapter."""
-    from rollwire.agent.app import load_app
-    from rollwire.engine import EmbeddedEngine, EngineConfig
-    from rollwire.gateway import serve_in_thread
-    from rollwire.trainer.client import RolloutClient
-    from rollwire.trainer.runners import LocalRunner
-    from rollwire.trainer.weight_sync import WeightSync
-
-    cfg = EngineConfig(model_dir=run_dir / "warmup", seed=1)
-    with EmbeddedEngine(cfg) as engine, serve_in_thread(backends=[(engine.url, "vllm")]) as gw:
-        if trained:
-            with gw.client() as control:
-                for role in ROLES:
-                    sync = WeightSync(control, verify=False, policy=role)
-                    sync.sync(run_dir / "final" / role, "final", seq=1, kind="adapter")
-        client = RolloutClient(gw, runner=LocalRunner(load_app(AGENT)), group_size=k,
-                               sampling={"temperature": 1.0}, deadline=300.0)  # fmt: skip
-        try:
-            rollouts = [r for g in client.run(held) for r in g.rollouts]
-        finally:
-            client.close()
-    metrics = [r.metrics for r in rollouts if r.status == "completed"]
-    out: dict[str, Any] = {}
-    for name in ("note_correct", "action_follows_note", "solved"):
-        values = [m[name] for m in metrics if name in m]
-        out[name] = (sum(values), len(values))
-    return out
-
-
-def _line(name: str, counts: tuple[float, int]) -> str:
+def _line(name: str, counts: tuple[int, int]) -> str:
     from rollwire.evaluation.estimators import wilson_interval
 
     hits, n = counts
-    e = wilson_interval(int(hits), n)
+    e = wilson_interval(hits, n)
     return f"{name:<22} {e.value:.3f} [{e.low:.3f}, {e.high:.3f}] of {n}"
 
 
@@ -96,21 +65,22 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
     args = parser.parse_args()
-    from rollwire.envs.relay import make_tasks
+    from rollwire.envs.relay import MEASURES, make_tasks, measure_roles
 
     t0 = time.perf_counter()
     run_dir = _train(args)
     train_s = time.perf_counter() - t0
     held = make_tasks(args.heldout, "heldout", args.seed + 1)
-    before = _measure(run_dir, held, args.k, trained=False)
-    after = _measure(run_dir, held, args.k, trained=True)
+    adapters = {role: run_dir / "final" / role for role in ROLES}
+    before = measure_roles(run_dir / "warmup", held, args.k)
+    after = measure_roles(run_dir / "warmup", held, args.k, adapters)
     steps = [orjson.loads(x) for x in (run_dir / "steps.jsonl").read_bytes().splitlines()]
     loss = {r: statistics.fmean(s["roles"][r].get("loss", 0.0) for s in steps) for r in ROLES}
     print(f"relay, --roles planner,executor, {args.steps} steps, seed {args.seed}, "
           f"train {train_s:.0f} s; mean loss per role {loss}")  # fmt: skip
     for label, counts in (("before RL", before), ("after RL", after)):
         print(f"{label}:")
-        for name in ("note_correct", "action_follows_note", "solved"):
+        for name in MEASURES:
             print("  " + _line(name, counts[name]))
 
 

@@ -3,10 +3,12 @@ two steps of the relay task's agent (whose calls ask for ``model="planner"`` and
 ``model="executor"``), run as a user's own agent (``--agent``/``--tasks``/``--eval-tasks``,
 the warm-up from ``--sft``). Each role's adapter trains on its own rows, is pushed as
 ``<role>@<step>``, verified through that adapter, and the next step's calls of each role were
-answered by it; an update of one role leaves the other role's adapter as it was."""
+answered by it; an update of one role leaves the other role's adapter as it was; ``--resume``
+continues each role from the checkpoint's adapter."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,18 +30,22 @@ def run(trl: ModuleType, train_cli: Any, tmp_path_factory: pytest.TempPathFactor
     from rollwire.envs.relay import make_tasks, warmup_conversations
 
     cwd = tmp_path_factory.mktemp("roles")
-    tasks = _jsonl(cwd / "tasks.jsonl", make_tasks(8, "train", 0))
-    held = _jsonl(cwd / "heldout.jsonl", make_tasks(4, "heldout", 1))
-    sft = _jsonl(cwd / "sft.jsonl", warmup_conversations(320))
-    train_cli(
-        "--out", "run", "--agent", "rollwire.envs.relay.agent_openai:app",
-        "--tasks", str(tasks), "--eval-tasks", str(held), "--sft", str(sft),
-        "--warmup-steps", "10", "--lora-rank", "8", "--roles", ",".join(ROLES),
-        "--steps", "2", "--tasks-per-step", "2", "--group-size", "4", "--seed", "0",
-        "--eval-size", "4", "--eval-k", "1", "--eval-every", "0", "--threads", "1",
-        cwd=cwd, timeout=1100,
-    )  # fmt: skip
+    _jsonl(cwd / "tasks.jsonl", make_tasks(8, "train", 0))
+    _jsonl(cwd / "heldout.jsonl", make_tasks(4, "heldout", 1))
+    _jsonl(cwd / "sft.jsonl", warmup_conversations(320))
+    train_cli("--out", "run", *_options(cwd), "--steps", "2", cwd=cwd, timeout=1100)
     return cwd / "run"
+
+
+def _options(cwd: Path) -> tuple[str, ...]:
+    """The run's options besides ``--out`` and ``--steps`` (the files the fixture wrote)."""
+    return (
+        "--agent", "rollwire.envs.relay.agent_openai:app", "--tasks", str(cwd / "tasks.jsonl"),
+        "--eval-tasks", str(cwd / "heldout.jsonl"), "--sft", str(cwd / "sft.jsonl"),
+        "--warmup-steps", "10", "--lora-rank", "8", "--roles", ",".join(ROLES),
+        "--tasks-per-step", "2", "--group-size", "4", "--seed", "0",
+        "--eval-size", "4", "--eval-k", "1", "--eval-every", "0", "--threads", "1",
+    )  # fmt: skip
 
 
 def _steps(run: Path) -> list[dict[str, Any]]:
@@ -121,3 +127,72 @@ def test_a_role_update_changes_its_own_adapter_only(trl: ModuleType, run: Path) 
     }
     assert any(v for n, v in moved.items() if ".planner." in n)
     assert not any(v for n, v in moved.items() if ".executor." in n)
+
+
+@pytest.fixture(scope="module")
+def resumed(run: Path, train_cli: Any) -> Path:
+    """A copy of the run, resumed by ``--resume --steps 3`` from its step-2 checkpoint."""
+    out = run.parent / "resumed"
+    shutil.copytree(run, out)
+    train_cli("--out", str(out), *_options(run.parent), "--steps", "3", "--resume",
+              cwd=run.parent, timeout=1100)  # fmt: skip
+    return out
+
+
+def test_resume_continues_each_role_from_the_checkpoint(trl: ModuleType, resumed: Path) -> None:
+    """Each role's adapter of the step-2 checkpoint is pushed as ``<role>@2`` and verified
+    before step 3, whose calls it answered; step 3 trains and verifies both roles again."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rollwire.data.dataset import read_jsonl
+
+    out = resumed
+    steps = _steps(out)
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    roles = steps[-1]["roles"]
+    for role in ROLES:
+        record = roles[role]
+        assert record["rows"] > 0 and record["adapter"] == f"{role}@3", record
+        assert record["verified"] is True and record["probe_max_abs_diff"] < 1e-3, record
+        # what the servers were given at the resume is the checkpoint's adapter
+        pushed = load_file(out / "policy" / "resume-2" / role / "adapter_model.safetensors")
+        saved = load_file(
+            out / "checkpoints" / "step-2" / "adapter" / role / "adapter_model.safetensors"
+        )
+        assert sorted(pushed) == sorted(saved) and pushed
+        assert all(torch.equal(pushed[k], saved[k]) for k in saved), role
+    assert steps[-1]["sync"]["sync/servers_verified"] == 1
+    calls = [c for r in read_jsonl(out / "rollouts" / "step-3.jsonl") for c in r.calls]
+    assert {c.request.get("model") for c in calls} == set(ROLES)
+    for call in calls:  # answered by the role's checkpoint adapter, pushed as <role>@2
+        assert call.response is not None
+        assert call.response["model"] == f"{call.request['model']}@2", call.response
+        assert call.policy_version == "2"
+
+
+def test_resume_loads_each_roles_optimizer_state(trl: ModuleType, resumed: Path) -> None:
+    """The trainer resumed from the step-3 checkpoint holds each role's optimizer state as
+    saved, each in that role's own optimizer."""
+    import torch
+
+    from rollwire.trainer.loop import RunSpec
+    from rollwire_trl.policy_trainer import TrlTrainer
+
+    spec = RunSpec(
+        out=resumed, model=resumed / "warmup", lora_rank=8, roles=list(ROLES), resume=True,
+        warmup_steps=0, log=lambda _: None,
+    )  # fmt: skip
+    trainer = TrlTrainer(spec)
+    start = trainer.start(spec)
+    assert (
+        start.step == 3 and start.adapters is not None and sorted(start.adapters) == sorted(ROLES)
+    )
+    saved = torch.load(resumed / "checkpoints" / "step-3" / "optimizer.pt")
+    for role in ROLES:
+        state = trainer.optimizers[role].state_dict()["state"]
+        assert state and sorted(state) == sorted(saved[role]["state"]), role
+        for key, value in saved[role]["state"].items():
+            assert torch.equal(state[key]["exp_avg_sq"], value["exp_avg_sq"]), (role, key)
+    first = saved[ROLES[0]]["state"][0]["exp_avg_sq"]
+    assert not torch.equal(first, saved[ROLES[1]]["state"][0]["exp_avg_sq"])  # two states

@@ -31,7 +31,12 @@ from rollwire.trainer.train_batch import TrainBatch, TrainRow, behaviour_stats
 from rollwire.trainer.training_run import latest_checkpoint
 from rollwire.trainer.weight_sync import Reference
 from rollwire_trl.policy import StartingPolicy, warmed_up_policy
-from rollwire_trl.roles import activate_role, role_adapters, save_role_adapter
+from rollwire_trl.roles import (
+    activate_role,
+    load_role_adapters,
+    role_adapters,
+    save_role_adapter,
+)
 from rollwire_trl.samples import pad_rows
 from rollwire_trl.sync import save_policy
 
@@ -116,8 +121,6 @@ class TrlTrainer:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
-        if spec.resume and self.roles:
-            raise ValueError("--resume does not continue a --roles run yet: start a new --out")
         fresh = self._fresh_policy(spec)
         step, checkpoint = 0, None
         if spec.resume:
@@ -127,13 +130,17 @@ class TrlTrainer:
             checkpoint, step = found
         self.policy = fresh
         self._load(fresh.folder, checkpoint)
-        weights, adapter = fresh.folder, None
-        if checkpoint is not None and self.exports_adapter:  # the base, then the adapter
-            adapter = str(self._save_adapter(spec.out / "policy" / f"resume-{step}").resolve())
+        weights, adapter, adapters = fresh.folder, None, None
+        resumed = spec.out / "policy" / f"resume-{step}"
+        if checkpoint is not None and self.roles:  # the base, then each role's adapter
+            adapters = {
+                role: str(save_role_adapter(self.model, role, resumed / role).resolve())
+                for role in self.roles
+            }
+        elif checkpoint is not None and self.exports_adapter:  # the base, then the adapter
+            adapter = str(self._save_adapter(resumed).resolve())
         elif checkpoint is not None:  # the servers load the checkpoint's weights as a full model
-            weights = save_policy(
-                self.model, spec.out / "policy" / f"resume-{step}", fresh.tokenizer_folder
-            )
+            weights = save_policy(self.model, resumed, fresh.tokenizer_folder)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(fresh.tokenizer_folder)
@@ -143,6 +150,7 @@ class TrlTrainer:
             step=step,
             tokenizer=tokenizer,
             adapter=adapter,
+            adapters=adapters,
             warmup_steps=fresh.warmup_steps,
             warmup_loss=fresh.warmup_loss,
             warmup_seconds=fresh.warmup_seconds,
@@ -177,7 +185,9 @@ class TrlTrainer:
             source = checkpoint / "model"  # full weights (sharded or not)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         if self.lora_rank:
-            if checkpoint is not None:
+            if checkpoint is not None and self.roles:
+                model = load_role_adapters(model, self.roles, checkpoint / "adapter")
+            elif checkpoint is not None:
                 from peft import PeftModel
 
                 model = PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
@@ -214,7 +224,18 @@ class TrlTrainer:
         self.optimizer = self.grpo.create_optimizer()
         if checkpoint is not None and (checkpoint / "optimizer.pt").is_file():
             state = torch.load(checkpoint / "optimizer.pt", map_location=self.device)
-            self.optimizer.load_state_dict(state)
+            if self.roles:  # one optimizer state per role
+                missing = sorted(set(self.roles) - set(state))
+                if missing:
+                    raise ValueError(
+                        f"--resume: {checkpoint / 'optimizer.pt'} holds no optimizer state "
+                        f"for roles {missing} (it has {sorted(state)}): resume with the roles "
+                        "the run was started with"
+                    )
+                for role in self.roles:
+                    self.optimizers[role].load_state_dict(state[role])
+            else:
+                self.optimizer.load_state_dict(state)
         self.model.train()
 
     def use_role(self, role: str) -> None:

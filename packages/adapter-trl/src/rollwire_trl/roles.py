@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["activate_role", "role_adapters", "save_role_adapter"]
+__all__ = ["activate_role", "load_role_adapters", "role_adapters", "save_role_adapter"]
 
 
 def role_adapters(model: Any, roles: Sequence[str], config: Any) -> Any:
@@ -20,6 +20,26 @@ def role_adapters(model: Any, roles: Sequence[str], config: Any) -> Any:
     peft_model = get_peft_model(model, config, adapter_name=roles[0])
     for role in roles[1:]:
         peft_model.add_adapter(role, config)
+    activate_role(peft_model, roles[0])
+    return peft_model
+
+
+def load_role_adapters(model: Any, roles: Sequence[str], folder: Path) -> Any:
+    """``model`` with each role's trained adapter from ``folder/<role>`` (a checkpoint's PEFT
+    folder of every role's adapter), trainable, the first active."""
+    from peft import PeftModel
+
+    missing = [r for r in roles if not (folder / r / "adapter_config.json").is_file()]
+    if missing:
+        raise ValueError(
+            f"--resume: {folder} holds no adapter for roles {missing}: resume with the roles "
+            "the run was started with"
+        )
+    peft_model = PeftModel.from_pretrained(
+        model, folder / roles[0], adapter_name=roles[0], is_trainable=True
+    )
+    for role in roles[1:]:
+        peft_model.load_adapter(folder / role, adapter_name=role, is_trainable=True)
     activate_role(peft_model, roles[0])
     return peft_model
 

@@ -166,6 +166,10 @@ class Start:
     #: a LoRA adapter (PEFT folder) the servers load on ``weights`` before step 1 (a resumed run
     #: whose exports are adapters)
     adapter: str | None = None
+    #: one LoRA adapter (PEFT folder) per policy name (``RunSpec.roles``), each loaded on
+    #: ``weights`` as ``<name>@<version>`` and verified through it before step 1 (a resumed run
+    #: of several policies)
+    adapters: dict[str, str] | None = None
     warmup_steps: int = 0
     warmup_loss: float | None = None
     warmup_seconds: float = 0.0
@@ -347,11 +351,20 @@ class _Loop:
         )
         spec.log(_sampling_line(spec))
         # before step 1 the servers serve what the trainer holds, verified, and every call is
-        # labelled with the starting version (a resumed LoRA run: its base, then its adapter)
-        self.sync.sync(start.weights, start.version, seq=start.step, verify=not start.adapter)
+        # labelled with the starting version (a resumed LoRA run: its base, then its adapter;
+        # a resumed run of roles: its base, then each role's adapter)
+        adapted = bool(start.adapter or start.adapters)
+        self.sync.sync(start.weights, start.version, seq=start.step, verify=not adapted)
         if start.adapter:
             self.sync.sync(start.adapter, start.version, seq=start.step, kind="adapter")
         self.roles = Roles(spec, trainer, self.sync) if spec.roles else None
+        if start.adapters:
+            if self.roles is None:
+                raise ValueError(
+                    f"the trainer started adapters for {sorted(start.adapters)} but the run has "
+                    "no --roles: give the roles the run was started with"
+                )
+            self.roles.push(start.adapters, start.version, start.step)
         self.client = rollout_client(spec, gateway, capture=trainer.capture)
         stack.callback(self.client.close)
         self.evaluate = evaluator(spec, self.client, held)

@@ -82,6 +82,22 @@ class Roles:
         self.trainer: Any = trainer
         self.syncs = {role: _role_sync(sync, trainer, role) for role in self.names}
 
+    def push(self, adapters: dict[str, str], version: str, seq: int) -> list[SyncReport]:
+        """Load each role's adapter folder of ``adapters`` on the servers as
+        ``<role>@<version>``, verified through that role's adapter in the trainer (a resumed
+        run's, before its next step)."""
+        unknown = sorted(set(adapters) - set(self.names))
+        if unknown:
+            raise ValueError(
+                f"adapters for {unknown}, which are no role of --roles {','.join(self.names)}: "
+                "resume with the roles the run was started with"
+            )
+        reports = []
+        for role, folder in adapters.items():
+            self.trainer.use_role(role)
+            reports.append(self.syncs[role].sync(folder, version, seq=seq, kind="adapter"))
+        return reports
+
     def step(
         self, step: int, groups: list[Group], algorithm: Algorithm, tokenizer: Any
     ) -> tuple[dict[str, float], list[SyncReport], dict[str, dict[str, Any]], float]:
