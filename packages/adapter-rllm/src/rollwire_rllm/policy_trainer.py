@@ -29,7 +29,14 @@ from rollwire.trainer.train_batch import TrainBatch, behaviour_stats
 from rollwire.trainer.weight_sync import Reference
 from rollwire_rllm.episodes import to_episodes
 
-__all__ = ["INSTALL_HINT", "RllmPolicyTrainer", "Warmup", "rllm_config", "tinker_forward_reference"]
+__all__ = [
+    "INSTALL_HINT",
+    "RllmPolicyTrainer",
+    "Warmup",
+    "rllm_config",
+    "sft_warmup",
+    "tinker_forward_reference",
+]
 
 INSTALL_HINT = (
     "rLLM's Tinker trainer is not importable: git clone https://github.com/rllm-org/rllm && pip "
@@ -99,6 +106,58 @@ def tinker_forward_reference(training_client: Any) -> Reference:
         return [float(x) for x in logprobs[-len(completion_ids) :]]
 
     return score
+
+
+def sft_warmup(
+    training_client: Any, tokenizer: Any, conversations: Sequence[Any], spec: RunSpec
+) -> list[float]:
+    """``--sft``: ``spec.warmup_steps`` Adam steps of ``cross_entropy`` on the assistant turns of
+    seeded batches of ``conversations``, on rLLM's LoRA training client before checkpoint 0 (as
+    ``--trainer tinker`` warms up); each step's loss per labelled token."""
+    import random
+
+    import tinker
+
+    from rollwire.data.warmup import IGNORE, assistant_labels
+
+    examples = [assistant_labels(tokenizer, c) for c in conversations]
+    if not examples:
+        raise ValueError("--sft: the warm-up has no conversations to learn from")
+    rng = random.Random(spec.seed)
+    adam = tinker.types.AdamParams(
+        learning_rate=spec.warmup_learning_rate, beta1=0.9, beta2=0.999, eps=1e-8
+    )
+    losses: list[float] = []
+    for _ in range(spec.warmup_steps):
+        datums, weights = [], []
+        for _ in range(spec.warmup_batch_size):
+            ids, labels = examples[rng.randrange(len(examples))]
+            w = np.asarray([0.0 if x == IGNORE else 1.0 for x in labels[1:]], np.float32)
+            weights.append(w)
+            datums.append(
+                tinker.types.Datum(
+                    model_input=tinker.types.ModelInput.from_ints([int(t) for t in ids[:-1]]),
+                    loss_fn_inputs={
+                        "target_tokens": tinker.types.TensorData.from_numpy(
+                            np.asarray(ids[1:], np.int64)
+                        ),
+                        "weights": tinker.types.TensorData.from_numpy(w),
+                    },
+                )
+            )
+        out = training_client.forward_backward(datums, "cross_entropy").result()
+        training_client.optim_step(adam).result()
+        total = sum(
+            -float((o["logprobs"].to_numpy() * w).sum())
+            for o, w in zip(out.loss_fn_outputs, weights)
+        )
+        losses.append(total / max(float(sum(w.sum() for w in weights)), 1.0))
+    return losses
+
+
+def _tail_mean(losses: Sequence[float]) -> float | None:
+    tail = list(losses[-10:])
+    return sum(tail) / len(tail) if tail else None
 
 
 def _group_by_rollout_group(rollouts: Sequence[Rollout]) -> list[Rollout]:
@@ -173,6 +232,18 @@ class RllmPolicyTrainer:
             t0 = time.perf_counter()
             spec.log(self._warmup(self.training_client, tokenizer, spec))
             start.warmup_seconds = time.perf_counter() - t0
+        elif spec.sft is not None and spec.warmup_steps:
+            from rollwire.trainer.training_run import warmup_conversations
+
+            conversations = warmup_conversations(spec) or []
+            t0 = time.perf_counter()
+            losses = sft_warmup(self.training_client, tokenizer, conversations, spec)
+            start.warmup_seconds = time.perf_counter() - t0
+            start.warmup_steps, start.warmup_loss = len(losses), _tail_mean(losses)
+            spec.log(
+                f"warm-up: {len(losses)} cross_entropy steps in {start.warmup_seconds:.0f} s, "
+                f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+            )
         # rLLM's initialize_async saved sampler "000000" before the warm-up: a checkpoint of the
         # same name would be the stale one (SkyRL loads a sampler checkpoint into the training
         # adapter's slot), so the start gets a name of its own
