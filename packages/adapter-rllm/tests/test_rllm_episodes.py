@@ -27,7 +27,7 @@ from rollwire.testing import (
     single_turn_rollout,
 )
 from rollwire.testing.samples import LAYERS, TOP_K
-from rollwire_rllm import decode_routing_matrix, decode_verl_routing, episode_rows, to_episode_dicts
+from rollwire_rllm import decode_routing_matrix, episode_rows, to_episode_dicts
 
 EPISODE_KEYS = {"id", "task", "termination_reason", "is_correct", "trajectories", "metrics", "info"}
 TRAJECTORY_KEYS = {"uid", "name", "task", "steps", "reward", "info"}
@@ -288,37 +288,7 @@ def test_import_is_lazy_and_missing_rllm_is_a_clear_error() -> None:
     assert "pip install" in done.stdout
 
 
-# -- against the rLLM stand-ins of conftest.py (written from rLLM 0.3.0.pre's field lists) ------
-
-
-def test_to_episodes_end_to_end(rllm_types: Any) -> None:
-    episodes = rollwire_rllm.to_episodes(sample_batch())
-    assert all(isinstance(e, rllm_types.Episode) for e in episodes)
-    by_id = {e.metadata["rollwire"]["rollout_id"]: e for e in episodes}
-    assert by_id["a0"].task_id == "g0" and by_id["a0"].rollout_idx == "0"
-    assert by_id["a0"].termination_reason is rllm_types.TerminationReason.ENV_DONE
-    failed = by_id["b2"]
-    assert failed.termination_reason is rllm_types.TerminationReason.ERROR
-    assert failed.trajectories == [] and failed.is_correct is False
-    (traj,) = by_id["b0"].trajectories
-    for step in traj.steps:
-        assert isinstance(step, rllm_types.Step)
-        assert isinstance(step.model_output, rllm_types.ModelOutput)
-        assert step.routing_matrices is not None
-        experts = decode_verl_routing(step.routing_matrices)  # the default: rLLM's verl form
-        assert experts.shape == (len(step.prompt_ids) + len(step.response_ids) - 1, LAYERS, TOP_K)
-    # the adapter reads the native objects back into the same rows as the dict form
-    flat = rollwire_rllm.adapter.flatten(episodes)
-    flat_dicts = rollwire_rllm.adapter.flatten(to_episode_dicts(sample_batch()))
-    assert [r.rollout_id for r in flat] == [r.rollout_id for r in flat_dicts]
-
-
-def test_numeric_weight_version_is_an_int(rllm_types: Any) -> None:
-    rollout = single_turn_rollout()
-    rollout.calls[0].policy_version = "12"
-    (ep,) = rollwire_rllm.to_episodes([rollout])
-    (step,) = ep.trajectories[0].steps
-    assert step.weight_version == 12 and step.model_output.weight_version == 12
+# -- rLLM's real classes: test_rllm_contract.py (recorded) ------------------------------------
 
 
 def test_a_field_the_installed_rllm_lacks_is_a_warning() -> None:

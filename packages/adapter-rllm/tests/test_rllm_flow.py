@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,26 +16,7 @@ from rollwire.engine.server import EmbeddedEngine
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire_rllm import RollwireAgentFlow, decode_verl_routing, episode_rows, rllm_task
 
-
-@dataclass
-class AgentConfig:
-    """rLLM 0.3.0.pre's ``AgentConfig`` shape, as its ``AgentFlowEngine`` fills it."""
-
-    base_url: str
-    model: str
-    session_uid: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    is_validation: bool = False
-    sampling_params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Task:
-    """rLLM's ``Task`` shape (id, instruction, metadata)."""
-
-    id: str
-    instruction: str
-    metadata: dict[str, Any] = field(default_factory=dict)
+from .conftest import AgentConfig, Task
 
 
 def _script(messages: list[dict[str, Any]], tools: Any) -> str:

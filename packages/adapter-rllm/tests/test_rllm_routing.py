@@ -2,8 +2,10 @@
 
 rLLM's verl backend reads a ``[header_json, base64_blob]`` pair covering the step's prompt and
 response, ignores a list of any other length, and fails on a per-token list of exactly two entries;
-its Tinker/Fireworks path reads one entry per completion token. The readers are the stand-ins of
-conftest.py, written from that behaviour. The last test runs one MoE batch (a clean, a forked, a
+its Tinker/Fireworks path reads one entry per completion token. What rLLM's real code makes of
+both forms is recorded (``test_rllm_contract.py``); these tests check rollwire's encoding against
+the captured routing with rollwire's own decoders, which that recording ties to rLLM's. The last
+test runs one MoE batch (a clean, a forked, a
 failed and a no-call rollout) through a real gateway over the engine with routing on.
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,21 +25,16 @@ from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire.testing import moe_rollout
 from rollwire.testing.mixed_batch import KINDS, MixedAgent, script
 from rollwire.testing.samples import LAYERS, TOP_K
-from rollwire_rllm import RollwireAgentFlow, decode_routing_matrix, to_episode_dicts
+from rollwire_rllm import (
+    RollwireAgentFlow,
+    decode_routing_matrix,
+    decode_verl_routing,
+    episode_rows,
+    to_episode_dicts,
+)
 from rollwire_rllm.routing import routing_matrices
 
-from .conftest import verl_decode_routing, verl_routed_experts, verl_segments
-
-
-def _two_token_call() -> Any:
-    rollout = moe_rollout("two")
-    call = rollout.calls[0]
-    p = call.prompt_ids.shape[0]
-    call.completion_ids = call.completion_ids[:2]
-    call.logprobs = call.logprobs[:2]
-    assert call.routed_experts is not None
-    call.routed_experts = call.routed_experts[: p + 1]
-    return call
+from .conftest import AgentConfig, Task
 
 
 def test_verl_form_is_one_pair_covering_prompt_and_response() -> None:
@@ -47,19 +43,10 @@ def test_verl_form_is_one_pair_covering_prompt_and_response() -> None:
         pair = step["routing_matrices"]
         assert isinstance(pair, list) and len(pair) == 2
         assert json.loads(pair[0]) == {"shape": [LAYERS, TOP_K], "dtype": "int16"}
-        decoded = verl_decode_routing(pair)
+        decoded = decode_verl_routing(pair)
         assert decoded is not None and decoded.dtype == np.int16
         np.testing.assert_array_equal(decoded, call.routed_experts)
         assert step["model_output"]["routing_matrices"] == pair
-
-
-def test_verl_form_of_a_two_token_step_is_read_not_crashed() -> None:
-    call = _two_token_call()
-    decoded = verl_decode_routing(routing_matrices(call, "verl"))
-    assert decoded is not None and decoded.shape == (call.prompt_ids.shape[0] + 1, LAYERS, TOP_K)
-    # the per-token form is a different contract: rLLM's verl reader cannot take it
-    with pytest.raises(TypeError):
-        verl_decode_routing(routing_matrices(call, "tinker"))
 
 
 def test_tinker_form_has_one_entry_per_completion_token() -> None:
@@ -70,7 +57,6 @@ def test_tinker_form_has_one_entry_per_completion_token() -> None:
     assert call.routed_experts is not None
     for j, entry in enumerate(entries):
         np.testing.assert_array_equal(decode_routing_matrix(entry), call.routed_experts[p + j - 1])
-    assert verl_decode_routing(entries) is None  # ignored by the verl backend (length != 2)
 
 
 def test_unknown_routing_format_is_an_error() -> None:
@@ -78,36 +64,7 @@ def test_unknown_routing_format_is_an_error() -> None:
         to_episode_dicts([moe_rollout("m")], routing_format="fireworks")  # type: ignore[arg-type]
 
 
-def test_merged_segment_routing_is_the_rows_routing() -> None:
-    rollout = moe_rollout("m")
-    (row,) = build_rows([rollout])
-    (seg,) = verl_segments(to_episode_dicts([rollout])[0])
-    assert seg["prompt"] + seg["response"] == row.input_ids.tolist()
-    decoded = verl_decode_routing(seg["routing"])
-    assert row.routed_experts is not None
-    np.testing.assert_array_equal(decoded, row.routed_experts)
-
-
 # -- one MoE batch end to end ---------------------------------------------------------------------
-
-
-@dataclass
-class AgentConfig:
-    """rLLM's ``AgentConfig`` shape, as its ``AgentFlowEngine`` fills it."""
-
-    base_url: str
-    model: str
-    session_uid: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    is_validation: bool = False
-    sampling_params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Task:
-    id: str
-    instruction: str
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @pytest.fixture
@@ -132,29 +89,27 @@ async def test_end_to_end_mixed_moe_batch(gateway: RunningGateway) -> None:
     for kind in ("failed", "no_call"):
         assert by_kind[kind]["trajectories"] == []  # dropped by rLLM: trains nothing
         assert by_kind[kind]["termination_reason"] == "error"
-    segments = {kind: verl_segments(ep) for kind, ep in by_kind.items()}
-    assert [len(segments[k]) for k in KINDS] == [1, 2, 0, 0]
-    rows = [s for k in KINDS for s in segments[k]]
-    p = max(len(s["prompt"]) for s in rows)
-    r = max(len(s["response"]) for s in rows)
-    placed = verl_routed_experts(rows, p, r)
-    assert placed is not None  # every trained row has routing: the batch keeps it
+    rows = {kind: episode_rows(ep) for kind, ep in by_kind.items()}
+    assert [len(rows[k]) for k in KINDS] == [1, 2, 0, 0]
     model = gateway.client()
-    for i, seg in enumerate(rows):
-        assert any(seg["mask"])
-        start = p - len(seg["prompt"])
-        n = len(seg["prompt"]) + len(seg["response"]) - 1
-        assert np.count_nonzero(placed[i, :start]) == 0
-        assert placed[i, start : start + n].any()
-    # each segment's routing is exactly what the gateway captured for its last call
+    # every step has routing (rLLM's verl backend keeps it only when every row has), and each
+    # row's last step's routing, as rLLM decodes it (test_rllm_contract.py), is what the gateway
+    # captured for the row's last call, covering its prompt and response
     for kind in ("clean", "forked"):
         ep = by_kind[kind]
+        steps = ep["trajectories"][0]["steps"]
+        assert all(len(s["routing_matrices"]) == 2 for s in steps)  # rLLM's verl pair
         calls = model.calls(ep["info"]["rollwire"]["rollout_id"])
-        for seg in segments[kind]:
+        for row in rows[kind]:
+            assert row.loss_mask.any()
+            full = row.input_ids.tolist()
+            step = next(s for s in steps if s["prompt_ids"] + s["response_ids"] == full)
             last = next(
-                c for c in calls if c.prompt_ids.tolist() + c.completion_ids.tolist() == seg["full"]
+                c for c in calls if c.prompt_ids.tolist() + c.completion_ids.tolist() == full
             )
-            np.testing.assert_array_equal(verl_decode_routing(seg["routing"]), last.routed_experts)
+            decoded = decode_verl_routing(step["routing_matrices"])
+            assert decoded.shape[0] == len(full) - 1
+            np.testing.assert_array_equal(decoded, last.routed_experts)
     rollout: Rollout = model.rollout(by_kind["forked"]["info"]["rollwire"]["rollout_id"])
     assert len(build_rows([rollout])) == 2
 
@@ -178,6 +133,6 @@ async def test_streamed_passthrough_steps_carry_routing(gateway: RunningGateway)
     task = Task(id="t2", instruction="2+2?")
     ep = await flow.arun(task, AgentConfig(base_url="-", model="policy", session_uid="t2:0"))
     (step,) = ep["trajectories"][0]["steps"]
-    decoded = verl_decode_routing(step["routing_matrices"])
+    decoded = decode_verl_routing(step["routing_matrices"])
     assert decoded is not None
     assert decoded.shape[0] == len(step["prompt_ids"]) + len(step["response_ids"]) - 1

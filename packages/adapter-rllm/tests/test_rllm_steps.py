@@ -1,7 +1,9 @@
 """rLLM's step as the gateway's policy version (issue 24.5), with the flow run as rLLM runs it.
 
-rLLM is not installable here; ``_Engine`` is a stand-in for the parts of rLLM's ``AgentFlowEngine``
-the flow meets, written from its code: ``set_training_step(step, mode, epoch)`` keeps
+rLLM is not installable in CI, and its ``AgentFlowEngine`` needs its model gateway and a trainer to
+run, so ``StandInAgentFlowEngine`` is the one stand-in these tests keep: the parts of
+``AgentFlowEngine`` the flow meets, written from rLLM's code (commit in
+``data/rllm_contract.json``): ``set_training_step(step, mode, epoch)`` keeps
 ``current_step``, and each task runs ``_run_flow_only`` → ``run_agent_flow(flow, task, config)``
 → ``await flow.arun(task, config)`` with an ``AgentConfig`` that carries no step. The loops below
 follow ``UnifiedTrainer``: on-policy, ``set_training_step(global_step)`` then the batch (rLLM's
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -23,17 +24,7 @@ from rollwire.engine import EmbeddedEngine, EngineConfig
 from rollwire.gateway import RunningGateway, serve_in_thread
 from rollwire_rllm import RollwireAgentFlow
 
-
-@dataclass
-class AgentConfig:
-    """rLLM's ``AgentConfig`` as ``AgentFlowEngine._run_flow_only`` fills it."""
-
-    base_url: str
-    model: str
-    session_uid: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    is_validation: bool = False
-    sampling_params: dict[str, Any] = field(default_factory=dict)
+from .conftest import AgentConfig
 
 
 async def run_agent_flow(agent: Any, task: Any, config: AgentConfig) -> Any:
@@ -58,7 +49,7 @@ class _RllmGateway:
         return self.version
 
 
-class _Engine:
+class StandInAgentFlowEngine:
     """The parts of rLLM's ``AgentFlowEngine`` the flow meets (see the module docstring)."""
 
     def __init__(self, flow: Any) -> None:
@@ -125,7 +116,7 @@ TASKS = [{"task_id": "t1", "prompt": "2+2?"}, {"task_id": "t1", "prompt": "2+2?"
 
 async def test_on_policy_steps_move_the_version(gateway: RunningGateway) -> None:
     flow = RollwireAgentFlow(agent, gateway=gateway, native=False)
-    engine = _Engine(flow)
+    engine = StandInAgentFlowEngine(flow)
     engine.set_training_step(0, mode="val")  # val_before_train: the loaded weights
     await engine.execute_tasks(TASKS[:1], is_validation=True)
     assert _gateway_version(gateway) == ("0", 0, 0)
@@ -149,7 +140,7 @@ async def test_on_policy_steps_move_the_version(gateway: RunningGateway) -> None
 
 async def test_fully_async_follows_the_announced_weight_versions(gateway: RunningGateway) -> None:
     flow = RollwireAgentFlow(agent, gateway=gateway, native=False, follow="weight_version")
-    engine = _Engine(flow)
+    engine = StandInAgentFlowEngine(flow)
     engine.gateway.set_weight_version(0)  # fit_async, before any rollout
     engine.set_training_step(1)  # the async loop's once-per-epoch call: not a version
     await engine.execute_tasks(TASKS[:1])
@@ -175,7 +166,7 @@ async def test_outside_an_engine_or_with_follow_off_nothing_is_stamped(
     assert flow.steps.engine is None and _gateway_version(gateway) == (None, 0, None)
     assert _step_versions([ep]) == {(None, None)}
     off = RollwireAgentFlow(agent, gateway=gateway, native=False, follow=None)
-    engine = _Engine(off)
+    engine = StandInAgentFlowEngine(off)
     engine.set_training_step(5)
     await engine.execute_tasks(TASKS[:1])
     assert _gateway_version(gateway) == (None, 0, None)

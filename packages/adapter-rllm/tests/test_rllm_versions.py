@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 
 from rollwire.data.credit import StepCredit
 from rollwire.testing import merged_rollout, sample_batch
 from rollwire.testing.samples import versioned_rollout
-from rollwire_rllm import to_episode_dicts, to_episodes
+from rollwire_rllm import to_episode_dicts
 from rollwire_rllm.episodes import episode_rollout
 
 
@@ -71,12 +70,3 @@ def test_without_step_rewards_or_credit_episodes_are_as_before() -> None:
         [],
         [],
     ]
-
-
-def test_rllm_objects_keep_credit_and_versions(rllm_types: Any) -> None:
-    (ep,) = to_episodes([versioned_rollout()], step_credit="discounted")
-    steps = ep.trajectories[0].steps
-    assert [s.weight_version for s in steps] == [1, 1, 2]
-    assert [s.mc_return for s in steps] == pytest.approx([1.75, 1.5, 1.0])
-    assert steps[1].advantage == pytest.approx([1.5] * 5)
-    assert steps[1].metadata["rollwire"]["weight_versions"] == [["1", 0, 2], ["2", 2, 5]]
