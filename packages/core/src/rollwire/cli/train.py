@@ -300,6 +300,21 @@ def train(
     eval_k: int = typer.Option(
         4, "--eval-k", min=1, metavar="K", help="Attempts per held-out task."
     ),
+    concurrency: int = typer.Option(
+        64,
+        "--concurrency",
+        min=1,
+        metavar="N",
+        help="Rollouts run at once (training and held-out evaluation).",
+    ),
+    deadline: float = typer.Option(
+        300.0,
+        "--deadline",
+        min=1.0,
+        metavar="S",
+        help="Seconds one rollout may take; a rollout past it fails (in an evaluation it "
+        "counts as a miss, and the run says how many did).",
+    ),
     scale_advantages: bool = typer.Option(
         True,
         "--scale-advantages/--no-scale-advantages",

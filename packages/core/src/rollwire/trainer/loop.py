@@ -127,6 +127,9 @@ class RunSpec:
     progress: bool = True
     verbose: bool = False
     concurrency: int = 64
+    #: seconds one rollout may take (the agent stops it, the rollout fails and, in an
+    #: evaluation, counts as a miss)
+    deadline: float = 300.0
     #: the trainer's own options (``rollwire train --trainer NAME --help-trainer``)
     options: dict[str, Any] = field(default_factory=dict)
     log: Callable[[str], None] = print

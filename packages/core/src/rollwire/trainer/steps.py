@@ -45,6 +45,8 @@ class EvalPoint:
     attempts: int
     seconds: float
     pass_at_k: dict[str, float] = field(default_factory=dict)
+    #: attempts whose rollout failed (deadline, error): counted as misses above
+    failed: int = 0
 
     @classmethod
     def from_result(cls, step: int, result: Any, seconds: float) -> EvalPoint:
@@ -61,6 +63,7 @@ class EvalPoint:
             attempts=s.attempts,
             seconds=seconds,
             pass_at_k={str(k): e.value for k, e in s.pass_at_k.items()},
+            failed=s.failed,
         )
 
 

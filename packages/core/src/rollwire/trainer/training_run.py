@@ -59,6 +59,7 @@ class TrainSettings(Protocol):
     seed: int
     resume: bool
     concurrency: int
+    deadline: float
 
     @property
     def log(self) -> Callable[[str], None]:
@@ -146,7 +147,7 @@ def rollout_client(
         sampling=settings.sampling,
         capture=capture,
         concurrency=settings.concurrency,
-        deadline=300.0,
+        deadline=settings.deadline,
         max_staleness=max_staleness,
     )
 
@@ -154,12 +155,22 @@ def rollout_client(
 def evaluator(
     settings: TrainSettings, client: Any, held: list[dict[str, Any]]
 ) -> Callable[[int], EvalPoint]:
-    """``evaluate(step)``: pass@k of the held-out tasks at the run's sampling settings."""
+    """``evaluate(step)``: pass@k of the held-out tasks at the run's sampling settings. A
+    rollout that failed (its deadline, an error) counts as a miss; how many did is recorded and
+    said, so a slow server is not read as a policy that forgot its task."""
 
     def evaluate(step: int) -> EvalPoint:
         t0 = time.perf_counter()
         result = client.evaluate(held, [settings.sampling], k=settings.eval_k)
-        return EvalPoint.from_result(step, result, time.perf_counter() - t0)
+        point = EvalPoint.from_result(step, result, time.perf_counter() - t0)
+        if point.failed:
+            settings.log(
+                f"    held-out evaluation at step {step}: {point.failed} of {point.attempts} "
+                "rollouts failed and count as misses (not the policy's answers); a slow server: "
+                f"raise --deadline ({settings.deadline:g} s a rollout) or lower --concurrency "
+                f"({settings.concurrency})"
+            )
+        return point
 
     return evaluate
 
