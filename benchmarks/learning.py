@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="2 steps, 8 held-out tasks")
     ap.add_argument("--reuse", action="store_true",
                     help="summarize a run whose folder already has summary.json instead of rerunning it")  # fmt: skip
+    ap.add_argument("--summarize", action="store_true",
+                    help="summarize the finished runs only (and measure decode); run none")  # fmt: skip
     args = ap.parse_args(argv)
     if args.dry_run:
         args.steps, args.eval_size, args.warmup_steps = 2, 8, 2
@@ -274,7 +276,10 @@ def main(argv: list[str] | None = None) -> None:
     for server in servers:
         for seed in seeds:
             out = args.out / f"{server}-seed{seed}"
-            done = args.reuse and (out / "summary.json").exists()
+            done = (args.reuse or args.summarize) and (out / "summary.json").exists()
+            if args.summarize and not done:
+                print(f"{server} seed {seed}: no finished run in {out}, left out", flush=True)
+                continue
             vllm = None
             if server == "vllm" and not done:  # vLLM serves the run's warmed-up folder
                 folder = warm_up(args, model, seed, out)

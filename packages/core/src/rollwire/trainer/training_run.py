@@ -25,6 +25,7 @@ __all__ = [
     "TrainResult",
     "TrainSettings",
     "datasets",
+    "default_rates",
     "evaluator",
     "finish_run",
     "latest_checkpoint",
@@ -75,6 +76,21 @@ def task_names() -> dict[str, str]:
     from importlib import metadata
 
     return {ep.name: ep.value for ep in metadata.entry_points(group=TASK_GROUP)}
+
+
+def default_rates(model: Path | None, lora_rank: int | None) -> dict[str, float | int]:
+    """``learning_rate``, ``warmup_learning_rate`` and ``warmup_batch_size`` for a run that does
+    not set them: the embedded engine's tiny random model learns at 1e-3 (its warm-up at 3e-3,
+    32 conversations a step); a real model's pretrained weights would be wrecked at those rates
+    (SmolLM2-135M stops emitting its tool-call format), so a ``model`` trains its full weights
+    at 1e-5 and LoRA adapters at 1e-4, and warms up at 1e-4 on 8 conversations a step."""
+    if model is None:
+        return {"learning_rate": 1e-3, "warmup_learning_rate": 3e-3, "warmup_batch_size": 32}
+    return {
+        "learning_rate": 1e-4 if lora_rank else 1e-5,
+        "warmup_learning_rate": 1e-4,
+        "warmup_batch_size": 8,
+    }
 
 
 def task_module(settings: TrainSettings) -> Any:
