@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +47,39 @@ def train_cli() -> TrainCLI:
         return proc
 
     return run
+
+
+class FakeTQ(types.ModuleType):
+    """``transfer_queue`` (not installed here): records what verl's v1 worker puts."""
+
+    def __init__(self) -> None:
+        super().__init__("transfer_queue")
+        self.puts: list[dict[str, Any]] = []
+
+    def init(self) -> None:
+        return None
+
+    async def async_kv_put(self, **kw: Any) -> None:
+        return None
+
+    async def async_kv_batch_put(self, **kw: Any) -> None:
+        self.puts.append(kw)
+
+
+@pytest.fixture
+def tq_worker(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, FakeTQ]:
+    """``(worker, transfer_queue)``: verl 0.9.1's ``AgentLoopWorkerTQ`` (the v1 trainer's
+    worker) loaded from its source file with a stand-in ``transfer_queue``, unwrapped from
+    ``ray.remote`` and built without Ray or ``__init__`` (each test sets what it needs)."""
+    import verl
+
+    fake = FakeTQ()
+    monkeypatch.setitem(sys.modules, "transfer_queue", fake)
+    path = Path(verl.__file__).parent / "trainer/ppo/v1/agent_loop_tq.py"
+    spec = importlib.util.spec_from_file_location("_rollwire_test_agent_loop_tq", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cls = module.AgentLoopWorkerTQ.__ray_metadata__.modified_class.__mro__[1]
+    assert cls.__name__ == "AgentLoopWorkerTQ"
+    return object.__new__(cls), fake

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import pathlib
 import sys
@@ -377,39 +376,10 @@ def _tokenizer(pad_token_id: int = 0) -> Any:
     )
 
 
-class _FakeTQ(types.ModuleType):
-    """``transfer_queue`` (not installed here): records what verl's v1 worker puts."""
-
-    def __init__(self) -> None:
-        super().__init__("transfer_queue")
-        self.puts: list[dict[str, Any]] = []
-
-    def init(self) -> None:
-        return None
-
-    async def async_kv_put(self, **kw: Any) -> None:
-        return None
-
-    async def async_kv_batch_put(self, **kw: Any) -> None:
-        self.puts.append(kw)
-
-
 @pytest.fixture
-def v1_worker(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _FakeTQ]:
-    """verl 0.9.1's ``AgentLoopWorkerTQ`` (the v1 trainer's worker), loaded from its source file
-    with a stand-in ``transfer_queue``, unwrapped from ``ray.remote`` and built without Ray."""
-    import verl
-
-    fake = _FakeTQ()
-    monkeypatch.setitem(sys.modules, "transfer_queue", fake)
-    path = pathlib.Path(verl.__file__).parent / "trainer/ppo/v1/agent_loop_tq.py"
-    spec = importlib.util.spec_from_file_location("_rollwire_test_agent_loop_tq", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cls = module.AgentLoopWorkerTQ.__ray_metadata__.modified_class.__mro__[1]
-    assert cls.__name__ == "AgentLoopWorkerTQ"
-    worker = object.__new__(cls)
+def v1_worker(tq_worker: tuple[Any, Any]) -> tuple[Any, Any]:
+    """verl 0.9.1's ``AgentLoopWorkerTQ`` (``tq_worker``) with what these tests' rollouts read."""
+    worker, fake = tq_worker
     worker.reward_loop_worker_handles = None
     worker.distillation_enabled = False
     worker.processor = None
@@ -460,7 +430,7 @@ async def test_run_classifies_forks_with_verls_tokenizer(monkeypatch: pytest.Mon
 
 
 async def test_v1_worker_tags_convert_to_int_global_steps(
-    monkeypatch: pytest.MonkeyPatch, v1_worker: tuple[Any, _FakeTQ]
+    monkeypatch: pytest.MonkeyPatch, v1_worker: tuple[Any, Any]
 ) -> None:
     """verl's v1 trainer: AgentLoopWorkerTQ copies extra_fields[min/max_global_steps] into the
     TransferQueue tags and _compute_metrics does np.array([...], dtype=int) on them."""
@@ -487,7 +457,7 @@ async def test_v1_worker_tags_convert_to_int_global_steps(
 
 
 async def test_v1_worker_takes_a_failed_rollout_without_usable_calls(
-    monkeypatch: pytest.MonkeyPatch, v1_worker: tuple[Any, _FakeTQ]
+    monkeypatch: pytest.MonkeyPatch, v1_worker: tuple[Any, Any]
 ) -> None:
     worker, fake = v1_worker
     empty = failed_rollout()

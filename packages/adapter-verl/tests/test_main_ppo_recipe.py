@@ -17,7 +17,6 @@ import importlib.util
 import json
 import pathlib
 import re
-import sys
 import types
 import uuid
 from collections.abc import Iterator
@@ -213,39 +212,16 @@ def tokenizer(base_model: pathlib.Path) -> Any:
     return AutoTokenizer.from_pretrained(base_model)
 
 
-class _FakeTQ(types.ModuleType):
-    """``transfer_queue`` (not installed here): records what verl's v1 worker puts."""
-
-    def __init__(self) -> None:
-        super().__init__("transfer_queue")
-        self.puts: list[dict[str, Any]] = []
-
-    def init(self) -> None:
-        return None
-
-    async def async_kv_put(self, **kw: Any) -> None:
-        return None
-
-    async def async_kv_batch_put(self, **kw: Any) -> None:
-        self.puts.append(kw)
-
-
 def _v1_worker(
-    monkeypatch: pytest.MonkeyPatch, config: Any, llm_client: Any, tokenizer: Any
-) -> tuple[Any, _FakeTQ]:
-    """verl 0.9.1's ``AgentLoopWorkerTQ`` on the composed config, loaded from its source with a
-    stand-in ``transfer_queue``, unwrapped from ``ray.remote``, given what ``__init__`` sets."""
-    import verl
-
-    fake = _FakeTQ()
-    monkeypatch.setitem(sys.modules, "transfer_queue", fake)
-    path = pathlib.Path(verl.__file__).parent / "trainer/ppo/v1/agent_loop_tq.py"
-    spec = importlib.util.spec_from_file_location("_rollwire_recipe_agent_loop_tq", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cls = module.AgentLoopWorkerTQ.__ray_metadata__.modified_class.__mro__[1]
-    w = object.__new__(cls)
+    monkeypatch: pytest.MonkeyPatch,
+    tq_worker: tuple[Any, Any],
+    config: Any,
+    llm_client: Any,
+    tokenizer: Any,
+) -> tuple[Any, Any]:
+    """verl 0.9.1's ``AgentLoopWorkerTQ`` (``tq_worker``) on the composed config, given what
+    ``__init__`` sets."""
+    w, fake = tq_worker
     w.config = config
     w.rollout_config = config.actor_rollout_ref.rollout
     _registered(monkeypatch, config)
@@ -268,13 +244,14 @@ async def test_verls_v1_worker_runs_the_vault_agent_on_the_recipes_rows(
     engine: Any,
     tokenizer: Any,
     monkeypatch: pytest.MonkeyPatch,
+    tq_worker: tuple[Any, Any],
 ) -> None:
     from rollwire.metrics_sinks.step_logger import close_shared_loggers
 
     work, config = composed
     rows = _rows(work, config, tokenizer, 2)
     assert all(isinstance(r["prompt"], str) and r["box"] in r["prompt"] for r in rows)
-    worker, fake = _v1_worker(monkeypatch, config, _server_manager(engine), tokenizer)
+    worker, fake = _v1_worker(monkeypatch, tq_worker, config, _server_manager(engine), tokenizer)
     batch_dict = collate_fn(rows)  # what verl's dataloader hands the v1 trainer
     batch_dict["uid"] = [str(uuid.uuid4()) for _ in rows]
     batch = tu.get_tensordict(batch_dict)

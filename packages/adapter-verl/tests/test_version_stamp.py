@@ -12,8 +12,6 @@ and verl's real worker runs them (only ``transfer_queue`` is a stand-in: it is n
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import pathlib
 import sys
 import types
 import uuid
@@ -46,23 +44,6 @@ async def _agent(payload: dict[str, Any]) -> dict[str, Any]:
         model=model, messages=list(payload["raw_prompt"]), max_tokens=8
     )
     return {"reward": 1.0}
-
-
-class _FakeTQ(types.ModuleType):
-    """``transfer_queue`` (not installed here): records what verl's v1 worker puts."""
-
-    def __init__(self) -> None:
-        super().__init__("transfer_queue")
-        self.puts: list[dict[str, Any]] = []
-
-    def init(self) -> None:
-        return None
-
-    async def async_kv_put(self, **kw: Any) -> None:
-        return None
-
-    async def async_kv_batch_put(self, **kw: Any) -> None:
-        self.puts.append(kw)
 
 
 @pytest.fixture
@@ -99,20 +80,9 @@ def _tokenizer() -> Any:
 
 
 @pytest.fixture
-def worker(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _FakeTQ]:
-    """verl 0.9.1's ``AgentLoopWorkerTQ``, loaded from its source with a stand-in
-    ``transfer_queue``, unwrapped from ``ray.remote`` and given what its ``__init__`` sets."""
-    import verl
-
-    fake = _FakeTQ()
-    monkeypatch.setitem(sys.modules, "transfer_queue", fake)
-    path = pathlib.Path(verl.__file__).parent / "trainer/ppo/v1/agent_loop_tq.py"
-    spec = importlib.util.spec_from_file_location("_rollwire_stamp_agent_loop_tq", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cls = module.AgentLoopWorkerTQ.__ray_metadata__.modified_class.__mro__[1]
-    w = object.__new__(cls)
+def worker(tq_worker: tuple[Any, Any]) -> tuple[Any, Any]:
+    """verl 0.9.1's ``AgentLoopWorkerTQ`` (``tq_worker``) given what its ``__init__`` sets."""
+    w, fake = tq_worker
     rollout = {
         "temperature": 1.0,
         "top_p": 1.0,
@@ -147,7 +117,7 @@ def _batch(global_steps: int, prompts: int = 2) -> Any:
     return batch
 
 
-async def _rollout_step(worker: Any, fake: _FakeTQ, global_steps: int) -> list[dict[str, Any]]:
+async def _rollout_step(worker: Any, fake: Any, global_steps: int) -> list[dict[str, Any]]:
     """verl's worker on one batch: it spawns the agent loops and returns; wait for their puts."""
     before = len(fake.puts)
     await worker.generate_sequences(_batch(global_steps))
@@ -170,7 +140,7 @@ def _calls_of(gateway: Any, puts: list[dict[str, Any]]) -> list[Any]:
 
 
 async def test_each_step_stamps_verls_served_version(
-    stack: tuple[Any, Any], worker: tuple[Any, _FakeTQ]
+    stack: tuple[Any, Any], worker: tuple[Any, Any]
 ) -> None:
     _, gateway = stack
     w, fake = worker
@@ -201,7 +171,7 @@ async def test_each_step_stamps_verls_served_version(
 
 
 async def test_one_stamp_per_step_per_process(
-    stack: tuple[Any, Any], worker: tuple[Any, _FakeTQ]
+    stack: tuple[Any, Any], worker: tuple[Any, Any]
 ) -> None:
     _, gateway = stack
     w, fake = worker
@@ -216,7 +186,7 @@ async def test_one_stamp_per_step_per_process(
 
 
 async def test_stamping_can_be_turned_off(
-    stack: tuple[Any, Any], worker: tuple[Any, _FakeTQ], monkeypatch: pytest.MonkeyPatch
+    stack: tuple[Any, Any], worker: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, gateway = stack
     w, fake = worker
