@@ -10,14 +10,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
-import openai
 import pytest
 
 from rollwire.engine import EmbeddedEngine, EngineConfig, FaultConfig, ModelConfig, TinyModel
 from rollwire.engine.hf_export import save_hf
 from rollwire.gateway import RunningGateway, serve_in_thread
+from rollwire.testing.calls import greedy_call, served_models
 from rollwire.testing.lora_adapters import merged_folder, random_adapter
 from rollwire.testing.redis_server import RedisServer
 from rollwire.testing.store import redis_server
@@ -45,24 +44,6 @@ def stack(folders: dict[str, Path]) -> Iterator[tuple[EmbeddedEngine, RunningGat
         yield eng, gw
 
 
-def _served(eng: EmbeddedEngine) -> list[str]:
-    return [m["id"] for m in httpx.get(eng.url + "/v1/models", timeout=30).json()["data"]]
-
-
-def _call(gw: RunningGateway) -> tuple[list[int], list[int], list[float], str | None]:
-    """One greedy chat call through a fresh session: its ids, log-probs and recorded version."""
-    with gw.client() as c:
-        h = c.create_session(sampling={"temperature": 0.0, "max_tokens": 6})
-        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
-        oai.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
-        (call,) = c.calls(h.session_id)
-        prompt, completion = (
-            [int(t) for t in call.prompt_ids],
-            [int(t) for t in call.completion_ids],
-        )
-        return prompt, completion, [float(x) for x in call.logprobs], call.policy_version
-
-
 def test_each_adapter_is_verified_served_and_the_stale_ones_unloaded(
     stack: tuple[EmbeddedEngine, RunningGateway], folders: dict[str, Path]
 ) -> None:
@@ -82,12 +63,12 @@ def test_each_adapter_is_verified_served_and_the_stale_ones_unloaded(
             assert summary["sync/load_s"] + summary["sync/transfer_s"] == pytest.approx(
                 report.push_seconds
             )
-            prompt, completion, lps, version = _call(gw)
+            prompt, completion, lps, version = greedy_call(gw)
             assert version == str(v)  # the adapter's version, captured with the call
             expected = ref(prompt, completion)  # the call was served by that adapter
             np.testing.assert_allclose(lps, expected, atol=1e-4)
         # max_staleness 1: versions 2 and 3 stay loaded, version 1 was unloaded
-        assert _served(eng) == ["rollwire-tiny", "policy@2", "policy@3"]
+        assert served_models(eng.url) == ["rollwire-tiny", "policy@2", "policy@3"]
         (backend,) = c.backends()
         assert backend["adapter"] == "policy@3" and backend["model"] == "policy@3"
         assert [(a["name"], a["seq"]) for a in backend["adapters"]] == [
@@ -97,7 +78,7 @@ def test_each_adapter_is_verified_served_and_the_stale_ones_unloaded(
         # a full sync makes the folder the policy again: calls name the base
         sync.sync(folders["m3"], "4", reference=engine_reference(folders["m3"]), seq=4)
         assert c.backends()[0]["adapter"] is None
-        assert _call(gw)[3] == "4"
+        assert greedy_call(gw)[3] == "4"
 
 
 def test_a_retried_version_is_loaded_afresh_and_max_staleness_0_keeps_one(
@@ -118,7 +99,7 @@ def test_a_retried_version_is_loaded_afresh_and_max_staleness_0_keeps_one(
         # before the push the server served adapter 1, which the new reference is far from
         assert entry.before_max_abs_diff is not None and entry.before_max_abs_diff > 1e-2
         assert report.summary()["sync/probe_before_max_abs_diff"] == entry.before_max_abs_diff
-        assert _served(eng) == ["rollwire-tiny", "policy@2"]
+        assert served_models(eng.url) == ["rollwire-tiny", "policy@2"]
         assert c.staleness()["policy_seq"] == 2
 
 
@@ -143,12 +124,12 @@ def test_an_adapter_that_never_arrived_is_caught_and_its_server_taken_out(
         report = sync.sync(folders["a1"], "1", kind="adapter")
         (failed,) = report.failed
         assert failed.url == bad.url and failed.pushed and "differ" in (failed.error or "")
-        assert _served(bad) == ["rollwire-tiny", "policy@1"]  # it said it loaded it
+        assert served_models(bad.url) == ["rollwire-tiny", "policy@1"]  # it said it loaded it
         reasons = {b["url"]: b["quarantined"] for b in c.backends()}
         assert reasons[good.url] is None
         assert reasons[bad.url].startswith("unverified: failed weight sync to version '1'")
         for _ in range(3):  # every call goes to the verified server, under the adapter
-            assert _call(gw)[3] == "1"
+            assert greedy_call(gw)[3] == "1"
         # the only server left never gets the adapter: the sync fails, nothing is stamped
         c.remove_backend(next(b["name"] for b in c.backends() if b["url"] == good.url))
         with pytest.raises(WeightSyncError, match="differ"):
@@ -173,7 +154,7 @@ def test_every_gateway_on_the_store_routes_calls_to_the_adapter(
         ref = engine_reference(folders["m1"])
         with first.client() as c:
             WeightSync(c, reference=ref, tolerance=1e-4).sync(folders["a1"], "1", kind="adapter")
-        prompt, completion, lps, version = _call(second)  # at once: no wait for a poll
+        prompt, completion, lps, version = greedy_call(second)  # at once: no wait for a poll
         assert version == "1"
         np.testing.assert_allclose(lps, ref(prompt, completion), atol=1e-4)
         with gateway(eng.url) as third, third.client() as c3:

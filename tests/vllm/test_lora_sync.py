@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 import numpy as np
-import openai
 import pytest
 
-from rollwire.gateway import RunningGateway, serve_in_thread
+from rollwire.gateway import serve_in_thread
+from rollwire.testing.calls import greedy_call, served_models
 from rollwire.testing.lora_adapters import merged_folder, random_adapter
 from rollwire.trainer.references import transformers_reference
 from rollwire.trainer.weight_sync import WeightSync, WeightSyncError
@@ -47,25 +47,6 @@ def server(folders: dict[str, Path], artifacts: Path) -> Iterator[VLLMServer]:
         yield s
 
 
-def _served(url: str) -> list[str]:
-    return [m["id"] for m in httpx.get(url + "/v1/models", timeout=60).json()["data"]]
-
-
-def _call(gw: RunningGateway) -> tuple[list[int], list[int], list[float], str | None]:
-    """One greedy chat call through a fresh session: its ids, log-probs and recorded version."""
-    with gw.client() as c:
-        h = c.create_session(sampling={"temperature": 0.0, "max_tokens": 6})
-        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
-        oai.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
-        (call,) = c.calls(h.session_id)
-        return (
-            [int(t) for t in call.prompt_ids],
-            [int(t) for t in call.completion_ids],
-            [float(x) for x in call.logprobs],
-            call.policy_version,
-        )
-
-
 @pytest.mark.timeout(900)  # a vLLM start takes minutes when the two cores are busy
 def test_each_adapter_is_loaded_verified_served_and_the_stale_one_unloaded(
     server: VLLMServer, folders: dict[str, Path]
@@ -74,7 +55,7 @@ def test_each_adapter_is_loaded_verified_served_and_the_stale_one_unloaded(
     with serve_in_thread(backends=[(server.url, "vllm")]) as gw, gw.client() as c:
         sync = WeightSync(c, reference=base_ref, tolerance=1e-4, max_staleness=1)
         sync.sync(folders["base"], "0", seq=0)  # the base, as the loop starts
-        base_lps = _call(gw)[2]
+        base_lps = greedy_call(gw)[2]
         for v in (1, 2, 3):
             ref = transformers_reference(folders[f"m{v}"])
             report = sync.sync(folders[f"a{v}"], str(v), reference=ref, seq=v, kind="adapter")
@@ -82,17 +63,17 @@ def test_each_adapter_is_loaded_verified_served_and_the_stale_one_unloaded(
             assert entry.verified and entry.max_abs_diff is not None
             assert entry.max_abs_diff < 1e-4, entry.max_abs_diff
             assert report.adapter == f"policy@{v}" and report.kind == "adapter"
-            prompt, completion, lps, version = _call(gw)
+            prompt, completion, lps, version = greedy_call(gw)
             assert version == str(v)  # the adapter's version, captured with the call
             np.testing.assert_allclose(lps, ref(prompt, completion), atol=1e-4)
             assert not np.allclose(lps[: len(base_lps)], base_lps[: len(lps)], atol=1e-3)
             print(f"\nvLLM adapter {v}: {report.summary()}")
         # max_staleness 1: versions 2 and 3 stay loaded on vLLM, version 1 was unloaded
-        assert _served(server.url) == ["tiny-llama", "policy@2", "policy@3"]
+        assert served_models(server.url) == ["tiny-llama", "policy@2", "policy@3"]
         # a full sync of the base makes it the policy again; the adapters go
         sync.sync(folders["base"], "4", reference=base_ref, seq=4)
         assert c.backends()[0]["adapter"] is None
-        _, _, lps, version = _call(gw)
+        _, _, lps, version = greedy_call(gw)
         assert version == "4"
         np.testing.assert_allclose(lps, base_lps, atol=1e-5)
     _unload_all(server.url)
@@ -100,7 +81,7 @@ def test_each_adapter_is_loaded_verified_served_and_the_stale_one_unloaded(
 
 def _unload_all(url: str) -> None:
     """Leave the module's server as it started: the base only."""
-    for name in _served(url)[1:]:
+    for name in served_models(url)[1:]:
         httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
 
 
@@ -136,7 +117,7 @@ def test_an_adapter_that_never_arrived_is_caught_and_its_server_taken_out(
                 kind="adapter",
             )  # fmt: skip
         assert [b["lora_name"] for _, b in proxy.seen] == ["policy@1", "policy@2"]
-        served = _served(server.url)
+        served = served_models(server.url)
         if fault == "stale files":  # vLLM did load a "policy@2": version 1's weights
             assert "policy@2" in served and "differ" in str(err.value)
         else:

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import openai
 import pytest
 
 from rollwire.engine import ModelConfig, TinyModel
 from rollwire.engine.hf_export import save_hf
 from rollwire.gateway import RunningGateway, serve_in_thread
+from rollwire.testing.calls import greedy_call
 from rollwire.trainer.references import transformers_reference
 from rollwire.trainer.weight_sync import WeightSync, WeightSyncError
 
@@ -34,12 +34,8 @@ def llama(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str
 
 
 def _greedy(gw: RunningGateway, text: str = "hello there") -> tuple[list[float], str | None]:
-    with gw.client() as c:
-        h = c.create_session(sampling={"temperature": 0.0, "max_tokens": 6})
-        oai = openai.OpenAI(base_url=h.base_url, api_key="x", max_retries=0)
-        oai.chat.completions.create(model="policy", messages=[{"role": "user", "content": text}])
-        (call,) = c.calls(h.session_id)
-        return [float(x) for x in call.logprobs], call.policy_version
+    _, _, logprobs, version = greedy_call(gw, text)
+    return logprobs, version
 
 
 @pytest.fixture()
