@@ -104,26 +104,14 @@ def dense_folders(tmp: Path, model_dir: Path | None) -> tuple[Path, Path]:
     """A dense Llama folder (``model_dir``, or a tiny one with the engine's tokenizer) and a
     perturbed copy, written with transformers."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     if model_dir is None:
         from rollwire.engine import ModelConfig, TinyModel
+        from rollwire.testing.llama import tiny_llama_config
 
-        engine = TinyModel(ModelConfig(seed=0))
-        tok = engine.tokenizer
-        cfg = LlamaConfig(
-            vocab_size=engine.config.vocab_size,
-            hidden_size=128,  # head_dim 32: vLLM's CPU attention has no kernel for 16
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=2048,
-            tie_word_embeddings=False,
-            bos_token_id=None,
-            eos_token_id=tok.eos_id,
-            pad_token_id=tok.pad_id,
-        )
+        tok = TinyModel(ModelConfig(seed=0)).tokenizer
+        cfg = tiny_llama_config()
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).float()
         tok_files = [p for p in Path(tok.folder).iterdir() if p.is_file()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from rollwire.engine import ModelConfig, TinyModel
+from rollwire.testing.llama import tiny_llama_config
 
 
 def llama_folder(
@@ -14,22 +14,9 @@ def llama_folder(
     """A small dense Llama with the engine's tokenizer, random weights from ``seed``; ``noise``
     perturbs ``lm_head`` (the input embeddings too when ``tied``)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    tok = TinyModel(ModelConfig(seed=0)).tokenizer
-    cfg = LlamaConfig(
-        vocab_size=TinyModel(ModelConfig(seed=0)).config.vocab_size,
-        hidden_size=128,  # head_dim 32: vLLM's CPU attention has no kernel for 16
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=tied,
-        bos_token_id=None,
-        eos_token_id=tok.eos_id,
-        pad_token_id=tok.pad_id,
-    )
+    cfg = tiny_llama_config(tied=tied)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).float()
     with torch.no_grad():
