@@ -25,6 +25,7 @@ import orjson
 
 from rollwire.data.protocol import Rollout
 from rollwire.trainer.loop import Export, RunSpec, Start
+from rollwire.trainer.tinker_api import tinker_reference, tinker_warmup
 from rollwire.trainer.train_batch import TrainBatch, behaviour_stats
 from rollwire.trainer.weight_sync import Reference
 from rollwire_rllm.episodes import to_episodes
@@ -86,73 +87,24 @@ def rllm_config(spec: RunSpec, base_model: str, lora_rank: int) -> Any:
     return cfg
 
 
-def tinker_forward_reference(training_client: Any) -> Reference:
-    """The sync's reference: the log-probs the training client's current weights give the
-    completion (a ``forward`` with ``cross_entropy``, as ``rollwire_tinker.tinker_reference``)."""
-    import tinker
-
-    def score(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
-        tokens = [int(t) for t in (*prompt_ids, *completion_ids)]
-        target = np.asarray(tokens[1:], dtype=np.int64)
-        datum = tinker.types.Datum(
-            model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={
-                "target_tokens": tinker.types.TensorData.from_numpy(target),
-                "weights": tinker.types.TensorData.from_numpy(np.ones(target.shape, np.float32)),
-            },
-        )
-        out = training_client.forward([datum], "cross_entropy").result()
-        logprobs = out.loss_fn_outputs[0]["logprobs"].to_numpy()
-        return [float(x) for x in logprobs[-len(completion_ids) :]]
-
-    return score
+#: the sync's reference: the log-probs the training client's current weights give the completion
+tinker_forward_reference = tinker_reference
 
 
 def sft_warmup(
     training_client: Any, tokenizer: Any, conversations: Sequence[Any], spec: RunSpec
 ) -> list[float]:
     """``--sft``: ``spec.warmup_steps`` Adam steps of ``cross_entropy`` on the assistant turns of
-    seeded batches of ``conversations``, on rLLM's LoRA training client before checkpoint 0 (as
-    ``--trainer tinker`` warms up); each step's loss per labelled token."""
-    import random
-
-    import tinker
-
-    from rollwire.data.warmup import IGNORE, assistant_labels
-
-    examples = [assistant_labels(tokenizer, c) for c in conversations]
-    if not examples:
+    seeded batches of ``conversations``, on rLLM's LoRA training client before checkpoint 0
+    (core's :func:`~rollwire.trainer.tinker_api.tinker_warmup`, as ``--trainer tinker`` warms
+    up); each step's loss per labelled token."""
+    if not conversations:
         raise ValueError("--sft: the warm-up has no conversations to learn from")
-    rng = random.Random(spec.seed)
-    adam = tinker.types.AdamParams(
-        learning_rate=spec.warmup_learning_rate, beta1=0.9, beta2=0.999, eps=1e-8
-    )
-    losses: list[float] = []
-    for _ in range(spec.warmup_steps):
-        datums, weights = [], []
-        for _ in range(spec.warmup_batch_size):
-            ids, labels = examples[rng.randrange(len(examples))]
-            w = np.asarray([0.0 if x == IGNORE else 1.0 for x in labels[1:]], np.float32)
-            weights.append(w)
-            datums.append(
-                tinker.types.Datum(
-                    model_input=tinker.types.ModelInput.from_ints([int(t) for t in ids[:-1]]),
-                    loss_fn_inputs={
-                        "target_tokens": tinker.types.TensorData.from_numpy(
-                            np.asarray(ids[1:], np.int64)
-                        ),
-                        "weights": tinker.types.TensorData.from_numpy(w),
-                    },
-                )
-            )
-        out = training_client.forward_backward(datums, "cross_entropy").result()
-        training_client.optim_step(adam).result()
-        total = sum(
-            -float((o["logprobs"].to_numpy() * w).sum())
-            for o, w in zip(out.loss_fn_outputs, weights)
-        )
-        losses.append(total / max(float(sum(w.sum() for w in weights)), 1.0))
-    return losses
+    return tinker_warmup(
+        training_client, tokenizer, conversations, steps=spec.warmup_steps,
+        batch_size=spec.warmup_batch_size, learning_rate=spec.warmup_learning_rate,
+        seed=spec.seed,
+    ).losses  # fmt: skip
 
 
 def _tail_mean(losses: Sequence[float]) -> float | None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rollwire.trainer.tinker_api import tinker_reference
 from rollwire.trainer.train_batch import behaviour_stats
 from rollwire_tinker.datums import TinkerDatum
 
@@ -213,25 +214,3 @@ class TinkerTrainer:
             metrics=metrics,
             seconds={"forward_backward": t1 - t0, "optim_step": t2 - t1, "save_sampler": t3 - t2},
         )
-
-
-def tinker_reference(training_client: Any) -> Any:
-    """A ``WeightSync`` reference scored by the trainer itself: the log-probs its current weights
-    give ``completion_ids`` after ``prompt_ids`` (a ``forward`` with ``cross_entropy``)."""
-    tinker = _sdk()
-
-    def score(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
-        tokens = [int(t) for t in (*prompt_ids, *completion_ids)]
-        target = np.asarray(tokens[1:], dtype=np.int64)
-        datum = tinker.types.Datum(
-            model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={
-                "target_tokens": tinker.types.TensorData.from_numpy(target),
-                "weights": tinker.types.TensorData.from_numpy(np.ones(target.shape, np.float32)),
-            },
-        )
-        out = training_client.forward([datum], "cross_entropy").result()
-        logprobs = out.loss_fn_outputs[0]["logprobs"].to_numpy()
-        return [float(x) for x in logprobs[-len(completion_ids) :]]
-
-    return score
