@@ -32,7 +32,9 @@ def _train(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sft = out / "sft.jsonl"
-    conversations = warmup_conversations(args.warmup_steps * 32, seed=args.seed)
+    conversations = warmup_conversations(
+        args.warmup_steps * 32, teacher_accuracy=args.teacher_accuracy, seed=args.seed
+    )
     sft.write_bytes(b"".join(orjson.dumps(c) + b"\n" for c in conversations))
     spec = RunSpec(
         out=out / "run", agent=AGENT, sft=sft, warmup_steps=args.warmup_steps,
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup-steps", type=int, default=150)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--teacher-accuracy", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heldout", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)

@@ -30,21 +30,27 @@ def measure_roles(
 ) -> dict[str, tuple[int, int]]:
     """``{measure: (hits, count)}`` over ``k`` rollouts of every task of ``tasks``, on the
     embedded engine serving ``model_dir``; ``adapters`` (``{role: PEFT folder}``) are loaded as
-    ``<role>@final`` so each role's calls are answered by its own (None: the model alone)."""
+    ``<role>@final``, each verified against ``model_dir`` with it merged in (in NumPy), so each
+    role's calls are answered by its own (None: the model alone)."""
+    import tempfile
+
     from rollwire.agent.app import load_app
     from rollwire.engine import EmbeddedEngine, EngineConfig
     from rollwire.envs.relay import AGENT
     from rollwire.gateway import serve_in_thread
+    from rollwire.testing.lora_adapters import merged_folder
     from rollwire.trainer.client import RolloutClient
+    from rollwire.trainer.references import engine_reference
     from rollwire.trainer.runners import LocalRunner
     from rollwire.trainer.weight_sync import WeightSync
 
     config = EngineConfig(model_dir=Path(model_dir), seed=seed)
     with EmbeddedEngine(config) as engine, serve_in_thread(backends=[(engine.url, "vllm")]) as gw:
         if adapters:
-            with gw.client() as control:
+            with gw.client() as control, tempfile.TemporaryDirectory() as tmp:
                 for role, folder in adapters.items():
-                    sync = WeightSync(control, verify=False, policy=role)
+                    merged = merged_folder(model_dir, folder, Path(tmp) / role)
+                    sync = WeightSync(control, reference=engine_reference(merged), policy=role)
                     sync.sync(str(folder), "final", seq=1, kind="adapter")
         client = RolloutClient(gw, runner=LocalRunner(load_app(AGENT)), group_size=k,
                                sampling={"temperature": temperature}, deadline=deadline)  # fmt: skip
