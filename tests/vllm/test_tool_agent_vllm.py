@@ -25,6 +25,11 @@ from ._server import VLLMServer
 if TYPE_CHECKING:
     from rollwire.trainer.loop import RunSpec
 
+# Two warm-up steps and lr 5e-4 left the model's Hermes blocks fragile: in one CI run the second
+# step's two episodes wrote none that parsed (the step was flagged). vLLM's sampling is not
+# reproducible across runs, so the test takes the benchmark's rate and a longer warm-up.
+WARMUP_STEPS = 6
+
 pytest.importorskip("langgraph", reason="the vault agent is written with LangGraph")
 
 
@@ -40,11 +45,11 @@ def _spec(out: Path, smollm2: Path, backend: str | None) -> RunSpec:
 
     return RunSpec(
         out=out, task="vault", model=smollm2, backend=backend,
-        sft=Path("teacher"), warmup_steps=2, micro_batch_size=4, steps=2, tasks_per_step=1,
+        sft=Path("teacher"), warmup_steps=WARMUP_STEPS, micro_batch_size=4, steps=2, tasks_per_step=1,
         group_size=2, lora_rank=8, eval_every=0, eval_size=1, eval_k=1, save_every=10,
         progress=False,
         **{k: v for k, v in default_rates(smollm2, 8).items() if k != "learning_rate"},
-        learning_rate=5e-4,
+        learning_rate=2e-4,
     )  # fmt: skip
 
 
@@ -60,7 +65,7 @@ def warmed_up(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
         learning_rate=spec.warmup_learning_rate, micro_batch_size=spec.micro_batch_size,
         batch_size=spec.warmup_batch_size, base=smollm2,
     )  # fmt: skip
-    assert start.warmup_steps == 2
+    assert start.warmup_steps == WARMUP_STEPS
     return spec.out, start.folder
 
 
