@@ -76,7 +76,10 @@ PY
 }
 
 if editable_ok; then
-  log "rollwire + rollwire-tinker already installed editable from $ROOT"
+  # an editable install's entry points (tasks, trainers, agents) are written when it is made:
+  # refresh them, or a task added since stays unknown in a reused venv
+  log "rollwire + rollwire-tinker installed editable from $ROOT; refreshing their metadata"
+  "$PY" -m pip install -q --no-deps -e "$ROOT/packages/core" -e "$ROOT/packages/adapter-tinker"
 else
   log "pip install -e packages/core -e packages/adapter-tinker (torch and the SDK pinned)"
   "$PY" -m pip install -q -c <(printf 'torch==%s\ntinker==%s\n' "$TORCH_VERSION" "$TINKER_SDK_VERSION") \

@@ -77,12 +77,15 @@ for mod in (rollwire, rollwire_verl, rollwire_langgraph):
 PY
 }
 
+EDITABLES=(-e "$ROOT/packages/core" -e "$ROOT/packages/adapter-verl" -e "$ROOT/packages/agent-langgraph")
 if editable_ok; then
-  log "rollwire + rollwire-verl already installed editable from $ROOT"
+  # an editable install's entry points (tasks, trainers, agents) are written when it is made:
+  # refresh them, or a task added since stays unknown in a reused venv
+  log "rollwire + rollwire-verl installed editable from $ROOT; refreshing their metadata"
+  "$PY" -m pip install -q --no-deps "${EDITABLES[@]}"
 else
   # agent-langgraph: the vault agent, which the main_ppo recipe's CPU checks run
   log "pip install -c torch==$TORCH_VERSION -e packages/core -e packages/adapter-verl -e packages/agent-langgraph"
-  "$PY" -m pip install -q -c <(echo "torch==$TORCH_VERSION") \
-    -e "$ROOT/packages/core" -e "$ROOT/packages/adapter-verl" -e "$ROOT/packages/agent-langgraph"
+  "$PY" -m pip install -q -c <(echo "torch==$TORCH_VERSION") "${EDITABLES[@]}"
 fi
 log "done in $((SECONDS - t0)) s: $("$PY" -c 'import torch, verl; print("torch", torch.__version__, "verl", verl.__version__)')"
