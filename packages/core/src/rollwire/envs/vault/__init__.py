@@ -1,6 +1,7 @@
 """Vault, a tool-calling task with real OpenAI ``tools``: read a box's code with one tool, open
 the box with it with another (:mod:`rollwire.envs.vault.game`); the agent is written with
-LangGraph, ``rollwire.envs.vault.agent_langgraph:app`` (``rollwire[langgraph]``)."""
+LangGraph, ``rollwire.envs.vault.agent_langgraph:app`` (``rollwire[langgraph]``), and again with
+Strands, ``rollwire.envs.vault.agent_strands:app`` (``rollwire[strands]``, ``--agent``)."""
 
 from rollwire.envs.vault.game import (
     SPLITS,
