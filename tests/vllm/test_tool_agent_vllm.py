@@ -79,6 +79,36 @@ def server(warmed_up: tuple[Path, Path], artifacts: Path) -> Iterator[VLLMServer
         yield srv
 
 
+@pytest.mark.timeout(900)
+def test_a_strands_agent_gets_its_streamed_tool_calls_parsed_by_vllm(server: VLLMServer) -> None:
+    """The vault agent written with Strands, which streams: vLLM's Hermes parser turns the
+    warmed-up model's blocks into ``tool_calls`` deltas, which Strands runs; the gateway
+    captures each call's sampled ids and log-probs."""
+    pytest.importorskip("strands", reason="the second vault agent is written with Strands")
+    from rollwire.data.tool_health import tool_health
+    from rollwire.envs.vault import make_tasks
+    from rollwire.envs.vault.agent_strands import app
+    from rollwire.gateway import serve_in_thread
+    from rollwire.trainer.client import RolloutClient
+    from rollwire.trainer.runners import LocalRunner
+
+    with serve_in_thread(backends=[(server.url, "vllm")]) as gateway:
+        client = RolloutClient(gateway, runner=LocalRunner(app), group_size=2, deadline=600)
+        try:
+            groups = client.run(make_tasks(2, "heldout", seed=0))
+        finally:
+            client.close()
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert len(rollouts) == 4 and all(r.status == "completed" for r in rollouts), rollouts
+    calls = [c for r in rollouts for c in r.calls]
+    assert calls and all(c.request.get("stream") for c in calls)
+    health = tool_health(calls)
+    assert health.offered == len(calls) and health.parsed >= 2, health
+    for c in calls:
+        assert c.completion_ids is not None and len(c.completion_ids) > 0
+        assert c.logprobs is not None and c.logprobs.shape == c.completion_ids.shape
+
+
 @pytest.mark.timeout(2400)
 def test_vllm_parses_the_agents_tool_calls_and_two_steps_train_verified(
     server: VLLMServer, smollm2: Path, warmed_up: tuple[Path, Path]
