@@ -80,6 +80,8 @@ def _call(name: str, arguments: dict[str, str]) -> str:
 def _script(messages: list[dict[str, Any]], tools: Any) -> str | None:
     if messages[-1]["role"] == "user":
         return _call("read_code", {"box": "N"})
+    if SAID["code"] == "runaway":  # an argument repeated past max_tokens (seen on vLLM)
+        return '<tool_call>\n{"name": "open_box", "arguments": {"box": "N"' + ', "code": "48"' * 40
     return _call("open_box", {"box": "N", "code": SAID["code"]})
 
 
@@ -131,7 +133,9 @@ def test_the_strands_agent_streams_the_same_tools_and_stops_when_the_box_opens(
 ) -> None:
     rollout, tok = _play(strands_client, "482"), strands_client[1]
     assert rollout.status == "completed" and rollout.reward == 1.0
-    assert rollout.metrics == {"solved": 1.0, "reads": 1.0, "open_attempts": 1.0, "turns": 2.0}
+    assert rollout.metrics == {
+        "solved": 1.0, "reads": 1.0, "open_attempts": 1.0, "turns": 2.0, "truncated": 0.0
+    }  # fmt: skip
     assert len(rollout.calls) == 2  # open_box cancels the loop: no third call
     assert all(c.request["tools"] == TOOLS for c in rollout.calls)  # what Strands wrote
     assert all(c.request.get("stream") for c in rollout.calls)  # parsed out of a stream
@@ -141,3 +145,18 @@ def test_the_strands_agent_streams_the_same_tools_and_stops_when_the_box_opens(
     sampled = np.concatenate([c.completion_ids for c in rollout.calls])
     np.testing.assert_array_equal(row.response_ids[row.loss_mask == 1], sampled)
     assert _play(strands_client, "481").reward == 0.0
+
+
+def test_a_strands_answer_cut_at_max_tokens_ends_the_episode_as_an_outcome(
+    strands_client: tuple[RolloutClient, Any],
+) -> None:
+    """Strands raises ``MaxTokensReachedException`` on an answer cut at ``max_tokens``; the agent
+    ends the episode there, so the rollout completes with reward 0 and trains, not fails."""
+    rollout, tok = _play(strands_client, "runaway"), strands_client[1]
+    assert rollout.status == "completed" and rollout.reward == 0.0, rollout.error
+    assert rollout.metrics["truncated"] == 1.0 and rollout.metrics["open_attempts"] == 0.0
+    assert rollout.calls[-1].finish_reason == "length"
+    assert len(rollout.calls[-1].completion_ids) == 64  # the agent's own max_tokens
+    (row,) = build_rows([rollout], tokenizer=tok)
+    sampled = np.concatenate([c.completion_ids for c in rollout.calls])
+    np.testing.assert_array_equal(row.response_ids[row.loss_mask == 1], sampled)

@@ -8,7 +8,9 @@ Production code with two rollwire lines: ``app = RolloutApp(...)`` and the stran
 the rollout session, or the production model when the payload has no ``_rollwire`` key. Strands
 streams, so the server parses the tool calls out of a stream. Opening the box ends the episode
 (``agent.cancel(after_current_tools=True)``, the cooperative stop), and a hook stops an agent
-that keeps calling the model past :data:`MAX_TURNS`. The reward is the outcome only. Run it with
+that keeps calling the model past :data:`MAX_TURNS`. An answer cut at ``max_tokens`` (Strands
+raises ``MaxTokensReachedException``) ends the episode too, with its outcome, so the loop trains
+on it rather than dropping a failed rollout. The reward is the outcome only. Run it with
 ``rollwire train --task vault --agent rollwire.envs.vault.agent_strands:app``."""
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def play(payload: dict[str, Any]) -> dict[str, Any]:
     from strands import Agent, tool
     from strands.agent.conversation_manager import NullConversationManager
     from strands.hooks import AfterModelCallEvent
+    from strands.types.exceptions import MaxTokensReachedException
 
     vault = Vault(str(payload["box"]), int(payload["code"]))
     turns = 0
@@ -86,5 +89,12 @@ def play(payload: dict[str, Any]) -> dict[str, Any]:
         conversation_manager=NullConversationManager(),  # the history whole: one training row
     )
     agent.hooks.add_callback(AfterModelCallEvent, count)
-    agent(payload.get("prompt") or task_prompt(vault.box))
-    return {"reward": vault.reward(), "metrics": {**vault.metrics(), "turns": float(turns)}}
+    truncated = 0.0
+    try:
+        agent(payload.get("prompt") or task_prompt(vault.box))
+    except MaxTokensReachedException:
+        # the model ran out of tokens mid-answer (a tool call's arguments repeated until the
+        # limit, say): the episode ends there, an outcome like any other, and trains as one
+        truncated = 1.0
+    metrics = {**vault.metrics(), "turns": float(turns), "truncated": truncated}
+    return {"reward": vault.reward(), "metrics": metrics}
