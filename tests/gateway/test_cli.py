@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,30 +34,38 @@ def _free_port() -> int:
 
 @contextmanager
 def _gateway_process(argv: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """Start a gateway process, wait for ``/health``, and always stop it."""
+    """Start a gateway process, wait for ``/health``, and always stop it. Its stderr goes to a
+    file (a pipe nobody reads blocks a chatty process once full) and is shown if it fails."""
     env = {**os.environ, "ROLLWIRE_ADMIN_KEY": ADMIN}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 180  # bounds a hang: start-up is slow on a busy machine
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                pytest.fail(f"gateway exited with {proc.returncode}: {err}")
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+        def stderr_tail() -> str:
+            err.seek(0)
+            return err.read().decode(errors="replace")[-4000:]
+
+        try:
+            deadline = time.monotonic() + 180  # bounds a hang: start-up is slow on a busy machine
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"gateway exited with {proc.returncode}: {stderr_tail()}")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"gateway did not answer /health within 180 s: {stderr_tail()}")
+                time.sleep(0.1)
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("gateway did not answer /health within 180 s")
-            time.sleep(0.1)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        if proc.stderr is not None:
-            proc.stderr.close()
+                yield proc
+            except BaseException as exc:
+                exc.add_note(f"gateway stderr: {stderr_tail()}")
+                raise
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
 
 
 def test_rollwire_gateway_cli_serves_and_stops(tmp_path: Path) -> None:
