@@ -16,15 +16,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SkyRLServer", "main"]
+__all__ = ["SkyRLServer", "main", "stop_with_parent"]
 
 SKYRL_VERSION = "0.3.0"
+
+#: set by :class:`SkyRLServer` to the starting process's pid: the launcher ends with it
+PARENT_ENV = "ROLLWIRE_SKYRL_PARENT_PID"
 
 
 def _typeddict_for_pydantic() -> None:
@@ -73,6 +77,22 @@ def _api(argv: Sequence[str]) -> None:
     uvicorn.run(api.app, host=args.host, port=args.port, log_config=get_uvicorn_log_config())
 
 
+def stop_with_parent(parent: int, poll: float = 1.0) -> threading.Thread:
+    """End this process group once ``parent`` is gone (a daemon thread polling every ``poll``
+    seconds). The server runs in its own session, so a parent killed before its ``stop`` (SIGKILL,
+    an OOM kill, a timed-out CI job) would leave the API and its engine, GBs of memory, running
+    for good: this ends them with it."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # the engine (same group) and this process
+
+    thread = threading.Thread(target=watch, name="stop-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m rollwire_tinker.skyrl api|engine [SkyRL's flags]``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -80,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(
             "usage: python -m rollwire_tinker.skyrl api|engine --base-model DIR [SkyRL flags]"
         )
+    parent = os.environ.pop(PARENT_ENV, None)  # the API's engine, its child, does not watch
+    if parent and args[0] == "api":
+        stop_with_parent(int(parent))
     (_api if args[0] == "api" else _engine)(args[1:])
 
 
@@ -143,6 +166,7 @@ class SkyRLServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
         env.setdefault("HF_HUB_OFFLINE", "1")
+        env[PARENT_ENV] = str(os.getpid())  # it ends with this process, however this one ends
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
