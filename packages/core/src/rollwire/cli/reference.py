@@ -188,6 +188,12 @@ ENVIRONMENT: list[tuple[str, str, str]] = [
         "Steps of each seed's run (default 40, as the learning test).",
     ),
     (
+        "ROLLWIRE_SKYRL_PARENT_PID",
+        "rollwire_tinker.skyrl",
+        "Set by `SkyRLServer` for the server it starts: the pid whose end also ends the server "
+        "and its engine.",
+    ),
+    (
         "ROLLWIRE_TINKER_VENV",
         "packages/adapter-tinker/ci/*.sh",
         "Where the Tinker venv (SkyRL's local Tinker server) lives (default `.venv-tinker`).",
