@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 #: the started "server": a session of its own, an "engine" child, the watchdog on its parent
 SERVER = """
 import os, subprocess, sys, time
@@ -21,13 +23,16 @@ stop_with_parent(int(os.environ.pop(PARENT_ENV)), poll=0.05)
 time.sleep(600)
 """
 
-#: the "trainer": starts the server as SkyRLServer.start does, prints its pids, then waits
+#: the "trainer": starts the server as SkyRLServer.start does (or through a shell that forks it,
+#: as a wrapper script would), prints its pids, then waits
 PARENT = """
-import os, subprocess, sys, time
+import os, shlex, subprocess, sys, time
 from rollwire_tinker.skyrl import PARENT_ENV
 env = {**os.environ, PARENT_ENV: str(os.getpid())}
-server = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env,
-                          stdout=subprocess.PIPE, start_new_session=True)
+argv = [sys.executable, "-c", sys.argv[1]]
+if sys.argv[2] == "wrapped":
+    argv = ["sh", "-c", shlex.join(argv) + "; exit $?"]
+server = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, start_new_session=True)
 print(server.stdout.readline().decode().strip(), flush=True)
 time.sleep(600)
 """
@@ -42,15 +47,19 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_a_killed_parent_takes_the_server_and_its_engine_with_it() -> None:
+@pytest.mark.parametrize("start", ["direct", "wrapped"])
+def test_a_killed_parent_takes_the_server_and_its_engine_with_it(start: str) -> None:
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, SERVER], stdout=subprocess.PIPE, start_new_session=True
+        [sys.executable, "-c", PARENT, SERVER, start],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
     )
     groups = [parent.pid]
     try:
         assert parent.stdout is not None
         server, engine = (int(p) for p in parent.stdout.readline().split())
         groups.append(server)
+        time.sleep(0.2)  # four polls: a watchdog that misreads its parent has ended it by now
         assert _alive(server) and _alive(engine)
         assert os.getpgid(server) != os.getpgid(parent.pid)  # its own session, as SkyRLServer's
         parent.kill()  # no stop(): SIGKILL, as a CI timeout or the OOM killer does

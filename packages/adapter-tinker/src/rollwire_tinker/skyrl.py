@@ -77,14 +77,30 @@ def _api(argv: Sequence[str]) -> None:
     uvicorn.run(api.app, host=args.host, port=args.port, log_config=get_uvicorn_log_config())
 
 
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie waiting to be reaped (Linux's ``/proc`` says which)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
+
+
 def stop_with_parent(parent: int, poll: float = 1.0) -> threading.Thread:
     """End this process group once ``parent`` is gone (a daemon thread polling every ``poll``
-    seconds). The server runs in its own session, so a parent killed before its ``stop`` (SIGKILL,
-    an OOM kill, a timed-out CI job) would leave the API and its engine, GBs of memory, running
-    for good: this ends them with it."""
+    seconds; ``parent`` may be further up than this process's parent, as when a wrapper starts
+    it). The server runs in its own session, so a parent killed before its ``stop`` (SIGKILL, an
+    OOM kill, a timed-out CI job) would leave the API and its engine, GBs of memory, running for
+    good: this ends them with it."""
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while not _gone(parent):
             time.sleep(poll)
         os.killpg(os.getpgrp(), signal.SIGKILL)  # the engine (same group) and this process
 
